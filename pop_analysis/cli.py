@@ -1,0 +1,45 @@
+"""`python -m pop_analysis <command>`: the same engine as the dashboard, from a terminal.
+
+Each command lives in pop_analysis/commands/<name>.py with `add_arguments(parser)` and
+`run(args) -> int`; this module finds them, parses, and turns errors into one readable line.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from . import commands
+
+
+def command_modules() -> dict:
+    mods = {}
+    for info in pkgutil.iter_modules(commands.__path__):
+        if not info.name.startswith("_"):
+            mods[info.name] = importlib.import_module(f"{commands.__name__}.{info.name}")
+    return mods
+
+
+def build_parser(mods: dict) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pop_analysis",
+                                     description="POP Lab: prefill-only pruning analysis")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, mod in sorted(mods.items()):
+        p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        mod.add_arguments(p)
+    return parser
+
+
+def main(argv=None) -> int:
+    mods = command_modules()
+    args = build_parser(mods).parse_args(argv)
+    try:
+        return int(mods[args.command].run(args) or 0)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI's contract: one readable line, non-zero exit
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        return 1

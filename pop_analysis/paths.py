@@ -1,0 +1,12 @@
+"""Where POP Lab keeps what it converts and computes."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_dir() -> Path:
+    """cache/ at the repository root, or $POP_LAB_CACHE when set."""
+    return Path(os.environ.get("POP_LAB_CACHE") or REPO_ROOT / "cache")

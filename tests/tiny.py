@@ -1,0 +1,38 @@
+"""Tiny randomly initialised models of each supported family, for invariant tests."""
+from __future__ import annotations
+
+import torch
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config,
+                          Qwen3Config)
+
+from pop_analysis.models import model_from_hf
+
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+
+FAMILIES = {
+    "llama": lambda: LlamaConfig(**COMMON),
+    "mistral": lambda: MistralConfig(**COMMON, sliding_window=None),
+    "qwen2": lambda: Qwen2Config(**COMMON, use_sliding_window=False),
+    "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, use_sliding_window=False),
+}
+
+
+def tiny_model(family: str = "llama", seed: int = 0, **overrides):
+    """A LoadedModel around a random `family` model (fp32, CPU, eval)."""
+    torch.manual_seed(seed)
+    config = FAMILIES[family]()
+    for k, v in overrides.items():
+        setattr(config, k, v)
+    config._attn_implementation = "sdpa"
+    model = AutoModelForCausalLM.from_config(config).eval()
+    # Random init is near-uniform; sharpen it so greedy choices are not ties.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    return model_from_hf(model, name=f"tiny-{family}")
+
+
+def tiny_prompt(n: int = 12, seed: int = 1, vocab: int = 256) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
