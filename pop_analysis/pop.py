@@ -52,17 +52,47 @@ def prefill(adapter: DecoderAdapter, ids: torch.Tensor, cache, skip=(), skip_mod
     projection of the incoming hidden state and passes it through, "drop" does nothing.
     The cache must be empty for those layers' positions (no mask is built: causal SDPA).
     """
+    return _stack(adapter, ids, cache, skip, skip_mode, start)[:, -1:, :]  # (B, 1, D)
+
+
+def _stack(adapter: DecoderAdapter, ids, cache, skip, skip_mode, start) -> torch.Tensor:
+    """The layer loop shared by prefill and teacher forcing; returns every position (B, T, D)."""
     skip = frozenset(skip) if skip_mode else frozenset()
     h = adapter.embed(ids)  # (B, T, D)
     pos = adapter.positions(start, ids.shape[1], ids.shape[0])  # (B, T)
     rope = adapter.rotary(h, pos)  # cos, sin: (B, T, Dh)
     for i in range(adapter.n_layers):
         if i not in skip:
-            h = adapter.run_layer(i, h, pos, rope, cache)  # (B, T, D)
+            mask = chunk_mask(ids.shape[1], adapter.cache_length(cache, i), h.device)
+            h = adapter.run_layer(i, h, pos, rope, cache, mask)  # (B, T, D)
         elif skip_mode == "kv":
             k, v = adapter.project_kv(i, h, rope)  # (B, Hkv, T, Dh) each
             adapter.write_kv(cache, i, k, v)
-    return h[:, -1:, :]  # (B, 1, D)
+    return h
+
+
+def chunk_mask(n_new: int, n_past: int, device) -> torch.Tensor | None:
+    """Causal mask for n_new queries after n_past cached keys; None where SDPA's own is right.
+
+    With an empty cache (or one query) SDPA's is_causal is exact. A chunk after a non-empty cache
+    needs its diagonal shifted; layers may hold different lengths (pop_no_kv), hence per layer.
+    """
+    if n_new == 1 or n_past == 0:
+        return None
+    q = torch.arange(n_new, device=device).unsqueeze(1)  # (T, 1)
+    k = torch.arange(n_past + n_new, device=device).unsqueeze(0)  # (1, S+T)
+    return (k <= q + n_past)[None, None]  # (1, 1, T, S+T), True = attend
+
+
+@torch.inference_mode()
+def teacher_force(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: int,
+                  drop=()) -> torch.Tensor:
+    """Feed known tokens at position.. through the stack (minus `drop`) in one chunk.
+
+    Returns float logits for every fed position (B, T, V): logits[:, t] predicts token t+1.
+    """
+    h = _stack(adapter, ids, cache, drop, "drop" if drop else None, position)  # (B, T, D)
+    return adapter.logits(h).float()  # (B, T, V)
 
 
 @torch.inference_mode()

@@ -153,3 +153,20 @@ def test_one_token_prompt_runs_every_variant(lm):
     for v in ("full", "pop", "pop_no_kv", "pop_no_boundary", "static"):
         out = run(lm, [5], v, (4, 5), SamplingConfig(max_new_tokens=3, stop_at_eos=False))
         assert len(out.token_ids) == 3
+
+
+def test_teacher_forced_chunk_equals_step_by_step(lm):
+    """A multi-token chunk after a POP prompt gives the same logits as one token at a time."""
+    from pop_analysis.pop import decode_step, teacher_force
+
+    a = lm.adapter
+    ids = torch.tensor([tiny_prompt(10)])
+    cont = torch.tensor([tiny_prompt(5, seed=9)])
+    for variant in ("pop", "pop_no_kv"):
+        first = run_prompt(a, ids, variant, (3, 4, 5))
+        chunk = teacher_force(a, cont, first.cache, first.position)  # (1, 5, V)
+        second = run_prompt(a, ids, variant, (3, 4, 5))
+        steps = [decode_step(a, cont[:, t:t + 1], second.cache, second.position + t)
+                 for t in range(5)]
+        diff = (chunk[0] - torch.cat(steps)).abs().max().item()
+        assert diff < 1e-4, f"{variant}: max_diff {diff}"
