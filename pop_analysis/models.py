@@ -181,6 +181,9 @@ def load_tokenizer(source: str, local: bool, trust_remote_code: bool = False):
     """The model's tokenizer, or None when it has none (token ids then in and out)."""
     from transformers import AutoTokenizer
 
+    files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    if local and not any((Path(source) / f).exists() for f in files):
+        return None  # transformers would otherwise build an empty tokenizer from the config
     try:
         return AutoTokenizer.from_pretrained(source, local_files_only=local,
                                              trust_remote_code=trust_remote_code)
@@ -189,11 +192,18 @@ def load_tokenizer(source: str, local: bool, trust_remote_code: bool = False):
 
 
 def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str | None = None,
-               trust_remote_code: bool = False) -> LoadedModel:
-    """Load a supported causal LM for POP. Raises ModelLoadError with a one-line reason."""
+               trust_remote_code: bool = False, device_map=None) -> LoadedModel:
+    """Load a supported causal LM for POP. Raises ModelLoadError with a one-line reason.
+
+    device_map ("auto", "balanced", or a dict module name -> device) spreads the layers over
+    several devices through accelerate, for models larger than one device; `device` then only
+    picks the default dtype. The POP loop moves hidden states to each layer's device.
+    """
     from transformers import AutoModelForCausalLM
 
     t0 = time.perf_counter()
+    if device_map is not None:
+        _check_accelerate()
     device = device or default_device()
     torch_dtype = parse_dtype(dtype, device)
     source, local = resolve_source(name)
@@ -205,12 +215,14 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, config=config, dtype=torch_dtype, local_files_only=local,
-            trust_remote_code=trust_remote_code)
+            trust_remote_code=trust_remote_code, device_map=device_map)
     except torch.OutOfMemoryError:
         raise ModelLoadError(f"out of memory loading {name} on {device} as {torch_dtype}") from None
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"cannot load weights of {name!r}: {_first_line(e)}") from None
-    model.to(device).eval()
+    if device_map is None:
+        model.to(device)
+    model.eval()
     tokenizer = load_tokenizer(source, local, trust_remote_code)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, adapter=DecoderAdapter(model),
                        load_seconds=time.perf_counter() - t0)
@@ -221,6 +233,14 @@ def model_from_hf(model, tokenizer=None, name: str = "in-memory") -> LoadedModel
     model.eval()
     return LoadedModel(name=name, model=model, tokenizer=tokenizer,
                        adapter=DecoderAdapter(model), load_seconds=0.0)
+
+
+def _check_accelerate() -> None:
+    try:
+        import accelerate  # noqa: F401 - transformers needs it for device_map
+    except ImportError:
+        raise ModelLoadError("device_map needs the package accelerate "
+                             "(pip install -r requirements.txt)") from None
 
 
 def _first_line(e: Exception) -> str:

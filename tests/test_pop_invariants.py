@@ -16,8 +16,9 @@ def lm(request):
 
 
 def hf_greedy(lm, ids, n):
-    out = lm.model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                            eos_token_id=None, pad_token_id=0)
+    prompt = torch.tensor([ids])
+    out = lm.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
+                            do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(ids):].tolist()
 
 
