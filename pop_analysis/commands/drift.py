@@ -1,0 +1,113 @@
+"""Representation drift of POP vs the full model: hidden, K, V, attention output, next token."""
+from __future__ import annotations
+
+from ..data import load_prompts
+from ..drift import (QUANTITIES, DriftConfig, average, cached_drift, cached_drift_by_length,
+                     json_safe)
+from ..generate import encode
+from ..progress import terminal_bar
+from ..skipset import describe
+from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
+
+
+def add_arguments(p) -> None:
+    add_model_args(p)
+    add_skip_args(p, default_ratio=0.33)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", default=None, help="one prompt text")
+    src.add_argument("--dataset", default=None,
+                     help="prompts: builtin or a .jsonl/.json/.csv/.parquet/.txt file")
+    p.add_argument("--samples", type=int, default=3, help="prompts from --dataset (default 3)")
+    p.add_argument("--raw", action="store_true", help="no chat template")
+    p.add_argument("--decode-steps", type=int, default=8, help="next-token steps compared (K)")
+    p.add_argument("--max-tokens-plot", type=int, default=256, help="heatmap columns at most")
+    p.add_argument("--lengths", default=None,
+                   help="also drift against context length, e.g. 128,512,1024,2048")
+    p.add_argument("--text-source", default=None,
+                   help="text for --lengths: builtin or a .txt/.jsonl file (default: --dataset, "
+                        "else the builtin prompts)")
+    p.add_argument("--no-cache", action="store_true", help="recompute instead of reading the cache")
+
+
+def run(args) -> int:
+    quiet_hf()
+    lengths = _parse_lengths(args.lengths)
+    cfg = DriftConfig(decode_steps=args.decode_steps, max_tokens_plot=args.max_tokens_plot)
+    texts = _prompt_texts(args)
+    lm = load(args)
+    skip = skip_from_args(args, lm.adapter.n_layers)
+    results = []
+    for n, text in enumerate(texts, 1):
+        ids = encode(lm, text, raw=args.raw)
+        bar = _labelled(f"prompt {n}/{len(texts)}")
+        results.append(cached_drift(lm, ids, skip, cfg, not args.no_cache, bar)[0])
+    result = average(results)
+    by_length = []
+    if lengths:
+        source = args.text_source or args.dataset
+        by_length, _ = cached_drift_by_length(lm, lengths, skip, cfg, source, not args.no_cache,
+                                              terminal_bar)
+    if args.json:
+        emit_json(json_safe(_payload(result, by_length)))
+    else:
+        _print(result, by_length)
+    return 0
+
+
+def _parse_lengths(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        lengths = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--lengths must be comma-separated integers, got {text!r}") from None
+    if not lengths or min(lengths) < 2:
+        raise ValueError("--lengths needs integers >= 2")
+    return lengths
+
+
+def _prompt_texts(args) -> list[str]:
+    if args.prompt is not None:
+        return [args.prompt]
+    if args.samples < 1:
+        raise ValueError("--samples must be at least 1")
+    return list(load_prompts(args.dataset, limit=args.samples).prompts)
+
+
+def _labelled(label: str):
+    return lambda u: terminal_bar(type(u)(u.done, u.total, u.elapsed_s, f"{label} {u.message}"))
+
+
+def _payload(r, by_length: list[dict]) -> dict:
+    out = {"model": r.model, "skip_layers": r.skip_layers}
+    out.update({f"{q}_cos": getattr(r, f"{q}_cos") for q in QUANTITIES})
+    out.update({"kl": r.kl, "top1_agree": r.top1_agree, "by_length": by_length})
+    out.update({f"{q}_min": getattr(r, f"{q}_min") for q in QUANTITIES})
+    out.update({"n_layers": r.n_layers, "n_prompts": r.n_prompts, "prompt_tokens": r.prompt_tokens,
+                "block_means": r.block_means()})
+    return out
+
+
+def _num(x, width: int, digits: int) -> str:
+    """A cosine for the table; n/a where a sliding-window cache held no position."""
+    return f"{x:{width}.{digits}f}" if x is not None and x == x else f"{'n/a':>{width}}"
+
+
+def _print(r, by_length: list[dict]) -> None:
+    print(f"model {r.model}, skip {describe(r.skip_layers)}, {r.n_prompts} prompt(s); "
+          "cosine POP vs full, mean (min)")
+    print(f"{'layer':>5}  {'hidden':>15}  {'K':>15}  {'V':>15}  {'attn out':>15}")
+    for i in range(r.n_layers):
+        mark = "*" if i in r.skip_layers else " "
+        cells = "  ".join(f"{_num(getattr(r, f'{q}_cos')[i], 7, 4)} "
+                          f"({_num(getattr(r, f'{q}_min')[i], 5, 3)})" for q in QUANTITIES)
+        print(f"{i:>4}{mark}  {cells}")
+    means = r.block_means()
+    print("block mean: " + ", ".join(f"{q[:-4]} {v:.4f}" for q, v in means.items()))
+    print("decode step:   " + " ".join(f"{j:>6}" for j in range(len(r.kl))))
+    print("KL(full||pop): " + " ".join(f"{x:6.4f}" for x in r.kl))
+    print("top-1 agree:   " + " ".join(f"{x:6.2f}" for x in r.top1_agree))
+    for row in by_length:
+        print(f"{row['length']:>6} tokens: hidden {row['hidden_cos']:.4f}  K {row['k_cos']:.4f}  "
+              f"V {row['v_cos']:.4f}  attn {row['attn_out_cos']:.4f}  KL {row['kl']:.4f}  "
+              f"top-1 {row['top1_agree']:.2f}")
