@@ -45,30 +45,62 @@ def check_prompt(adapter: DecoderAdapter, n_prompt: int, max_new_tokens: int = 0
 
 @torch.inference_mode()
 def prefill(adapter: DecoderAdapter, ids: torch.Tensor, cache, skip=(), skip_mode=None,
-            start: int = 0) -> torch.Tensor:
+            start: int = 0, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Run positions start..start+T-1 through the stack; return the last hidden state (B, 1, D).
 
     skip_mode for layers in `skip`: None runs them in full, "kv" writes the independent K/V
     projection of the incoming hidden state and passes it through, "drop" does nothing.
-    The cache must be empty for those layers' positions (no mask is built: causal SDPA).
+    attention_mask (B, start+T), 1 = real token, 0 = left padding, covers every position so far;
+    None means no padding.
     """
-    return _stack(adapter, ids, cache, skip, skip_mode, start)[:, -1:, :]  # (B, 1, D)
+    h = _stack(adapter, ids, cache, skip, skip_mode, start, attention_mask)  # (B, T, D)
+    return h[:, -1:, :]  # (B, 1, D)
 
 
-def _stack(adapter: DecoderAdapter, ids, cache, skip, skip_mode, start) -> torch.Tensor:
-    """The layer loop shared by prefill and teacher forcing; returns every position (B, T, D)."""
+def _stack(adapter: DecoderAdapter, ids, cache, skip, skip_mode, start,
+           attention_mask=None) -> torch.Tensor:
+    """The layer loop shared by prefill and teacher forcing; returns every position (B, T, D).
+
+    Each layer builds its own mask (cache lengths and sliding windows differ per layer) and
+    receives h on its own device (a device_map may split the stack).
+    """
     skip = frozenset(skip) if skip_mode else frozenset()
+    b, t = ids.shape
+    pad = padding(attention_mask, b, start + t)  # (B, start+T) or None
     h = adapter.embed(ids)  # (B, T, D)
-    pos = adapter.positions(start, ids.shape[1], ids.shape[0])  # (B, T)
-    rope = adapter.rotary(h, pos)  # cos, sin: (B, T, Dh)
+    pos = adapter.positions(start, t, b, pad)  # (B, T)
+    rope = adapter.rotary(h, pos)  # cos, sin: (B, T, Dh) (per layer type on Gemma-3)
     for i in range(adapter.n_layers):
         if i not in skip:
-            mask = chunk_mask(ids.shape[1], adapter.cache_length(cache, i), h.device)
-            h = adapter.run_layer(i, h, pos, rope, cache, mask)  # (B, T, D)
+            mask = adapter.layer_mask(i, cache, t, pad)  # (B|1, 1, T, S+T) or None
+            h = adapter.run_layer(i, h, pos, rope, cache, mask)  # (B, T, D) on layer i's device
         elif skip_mode == "kv":
             k, v = adapter.project_kv(i, h, rope)  # (B, Hkv, T, Dh) each
             adapter.write_kv(cache, i, k, v)
     return h
+
+
+def padding(attention_mask, batch: int, n_positions: int) -> torch.Tensor | None:
+    """Check a padding mask (B, positions so far); None when it pads nothing (the fast path)."""
+    if attention_mask is None:
+        return None
+    if tuple(attention_mask.shape) != (batch, n_positions):
+        raise PromptError(f"attention_mask must be (batch, positions so far) = "
+                          f"({batch}, {n_positions}), got {tuple(attention_mask.shape)}")
+    return None if bool(attention_mask.bool().all()) else attention_mask
+
+
+def left_pad(prompts, pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists -> left-padded ids (B, N) and attention mask (B, N), 1 = real token."""
+    if not prompts or min(len(p) for p in prompts) < 1:
+        raise PromptError("every prompt in a batch needs at least one token")
+    n = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), n), pad_id, dtype=torch.long)  # (B, N)
+    mask = torch.zeros((len(prompts), n), dtype=torch.long)  # (B, N)
+    for row, p in enumerate(prompts):
+        ids[row, n - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[row, n - len(p):] = 1
+    return ids.to(device), mask.to(device)
 
 
 def chunk_mask(n_new: int, n_past: int, device) -> torch.Tensor | None:
@@ -76,6 +108,7 @@ def chunk_mask(n_new: int, n_past: int, device) -> torch.Tensor | None:
 
     With an empty cache (or one query) SDPA's is_causal is exact. A chunk after a non-empty cache
     needs its diagonal shifted; layers may hold different lengths (pop_no_kv), hence per layer.
+    (The layer loop now asks adapter.layer_mask, which adds sliding windows and padding.)
     """
     if n_new == 1 or n_past == 0:
         return None
@@ -86,20 +119,26 @@ def chunk_mask(n_new: int, n_past: int, device) -> torch.Tensor | None:
 
 @torch.inference_mode()
 def teacher_force(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: int,
-                  drop=()) -> torch.Tensor:
+                  drop=(), attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Feed known tokens at position.. through the stack (minus `drop`) in one chunk.
 
     Returns float logits for every fed position (B, T, V): logits[:, t] predicts token t+1.
+    attention_mask: (B, position+T) padding mask, as in `prefill`.
     """
-    h = _stack(adapter, ids, cache, drop, "drop" if drop else None, position)  # (B, T, D)
+    h = _stack(adapter, ids, cache, drop, "drop" if drop else None, position,
+               attention_mask)  # (B, T, D)
     return adapter.logits(h).float()  # (B, T, V)
 
 
 @torch.inference_mode()
 def decode_step(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: int,
-                drop=()) -> torch.Tensor:
-    """One token per sequence at `position` through the stack (minus `drop`); logits (B, V)."""
-    h = prefill(adapter, ids, cache, skip=drop, skip_mode="drop" if drop else None, start=position)
+                drop=(), attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per sequence at `position` through the stack (minus `drop`); logits (B, V).
+
+    attention_mask: (B, position+1) padding mask, as in `prefill`.
+    """
+    h = prefill(adapter, ids, cache, skip=drop, skip_mode="drop" if drop else None, start=position,
+                attention_mask=attention_mask)
     return adapter.logits(h)[:, -1, :].float()  # (B, V)
 
 
@@ -110,29 +149,58 @@ class FirstStep:
     logits: torch.Tensor  # (B, V)
     cache: object
     position: int  # position of the first generated token
+    attention_mask: torch.Tensor | None = None  # (B, N) padding mask of the prompt, if padded
 
 
 @torch.inference_mode()
 def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
-               skip=(), counts=None) -> FirstStep:
+               skip=(), counts=None, attention_mask: torch.Tensor | None = None) -> FirstStep:
     """Prompt in -> logits of the first new token out, for one variant (boundary step included).
 
     `counts` (a counters.CallCounts) is told the stage: "prefill", then "boundary" for x_N.
+    A batch of prompts of different lengths is left-padded (see `left_pad`) with its
+    attention_mask (B, N); x_N is then the last column for every row.
     """
     check_variant(variant)
     n = ids.shape[1]
+    if attention_mask is not None and not bool(attention_mask[:, -1].bool().all()):
+        raise PromptError("pad batches on the left: the last column must be a real token in "
+                          "every row")
     cache = adapter.new_cache()
     mode = _PREFILL_SKIP_MODE[variant]
+    am = attention_mask
     _stage(counts, "prefill")
     if variant in ("full", "pop_no_boundary", "static"):
-        h = prefill(adapter, ids, cache, skip, mode)  # all N positions
+        h = prefill(adapter, ids, cache, skip, mode, attention_mask=am)  # all N positions
         logits = adapter.logits(h)[:, -1, :].float()  # (B, V)
-        return FirstStep(logits, cache, n)
+        return FirstStep(logits, cache, n, am)
     if n > 1:
-        prefill(adapter, ids[:, :-1], cache, skip, mode)  # x_1..x_{N-1}, pruned
+        prefill(adapter, ids[:, :-1], cache, skip, mode,
+                attention_mask=None if am is None else am[:, :-1])  # x_1..x_{N-1}, pruned
     _stage(counts, "boundary")
-    logits = decode_step(adapter, ids[:, -1:], cache, n - 1)  # boundary: x_N through the full model
-    return FirstStep(logits, cache, n)
+    logits = decode_step(adapter, ids[:, -1:], cache, n - 1, attention_mask=am)  # x_N in full
+    return FirstStep(logits, cache, n, am)
+
+
+@torch.inference_mode()
+def greedy_batch(adapter: DecoderAdapter, prompts, variant: str = "pop", skip=(),
+                 max_new_tokens: int = 16, pad_id: int = 0) -> list[list[int]]:
+    """Greedy continuations of several prompts at once (left padding, one cache), no EOS stop."""
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be at least 1")
+    ids, mask = left_pad(prompts, pad_id, adapter.device)  # (B, N) each
+    check_prompt(adapter, ids.shape[1], max_new_tokens)
+    first = run_prompt(adapter, ids, variant, skip, attention_mask=mask)
+    drop = decode_drop(variant, skip)
+    nxt = first.logits.argmax(-1, keepdim=True)  # (B, 1)
+    out, position = [nxt], first.position
+    for _ in range(max_new_tokens - 1):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, position+1)
+        logits = decode_step(adapter, nxt.to(adapter.device), first.cache, position, drop, mask)
+        nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
+        out.append(nxt)
+        position += 1
+    return torch.cat(out, dim=1).tolist()  # (B, max_new_tokens)
 
 
 def decode_drop(variant: str, skip) -> tuple[int, ...]:
