@@ -1,4 +1,9 @@
-"""POP Lab dashboard: entry point (`streamlit run dashboard/app.py`)."""
+"""POP Lab dashboard: entry point (`streamlit run dashboard/app.py`), router and frame.
+
+The sidebar (model, device, dtype, memory, unload, current skip set) is drawn here for every page;
+pages live in the top-level pages/ folder, resolved from the repository root so the app starts
+from any working directory.
+"""
 from __future__ import annotations
 
 import sys
@@ -10,20 +15,27 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from dashboard.resources import shared_model  # noqa: E402
-from pop_analysis.models import DEFAULT_MODEL, ModelLoadError  # noqa: E402
+from dashboard import widgets  # noqa: E402
+
+PAGES = (  # (file in pages/, title, icon, url path)
+    ("overview.py", "Overview", ":material/school:", "overview"),
+    ("calibrate.py", "Calibrate", ":material/insights:", "calibrate"),
+    ("skip_set.py", "Skip set", ":material/layers:", "skip_set"),
+    ("generate.py", "Generate", ":material/chat:", "generate"),
+    ("drift.py", "Drift", ":material/compare_arrows:", "drift"),
+    ("sweeps.py", "Sweeps", ":material/monitoring:", "sweeps"),
+)
 
 st.set_page_config(page_title="POP Lab", page_icon="✂️", layout="wide")
-st.title("POP Lab — Prefill-Only Pruning")
+nav = st.navigation([st.Page(ROOT / "pages" / f, title=t, icon=i, url_path=u, default=(u == "overview"))
+                     for f, t, i, u in PAGES])
 
-name = st.sidebar.text_input("Model", value=DEFAULT_MODEL,
-                             help="registry name, Hugging Face hub id, or local directory")
-try:
-    with st.spinner(f"Loading {name} ..."):
-        lm = shared_model(name, None, None)
-except ModelLoadError as e:
-    st.error(str(e))
-    st.stop()
+st.sidebar.title("✂️ POP Lab")
+widgets.model_form()
+lm = widgets.current_model()
+widgets.model_panel(lm)
+if lm is not None:
+    st.sidebar.divider()
+    widgets.skip_badge(lm)
 
-st.subheader("Model card")
-st.table({k: [str(v)] for k, v in lm.card().items()})
+nav.run()

@@ -1,20 +1,98 @@
 """One model instance per (name, device, dtype), shared by every page and session."""
 from __future__ import annotations
 
+import gc
+import os
 import threading
+import time
+from contextlib import contextmanager
 
 import streamlit as st
 
 from pop_analysis.models import load_model
 
 
+@st.cache_resource(show_spinner=False)
+def load_log() -> list:
+    """(name, device, dtype, wall time) of every real load in this server: proves page switches
+    and reruns reuse the instance (the sidebar shows the count; tests read it)."""
+    return []
+
+
 @st.cache_resource(show_spinner=False, max_entries=2)
 def shared_model(name: str, device: str | None, dtype: str | None):
     """Load once; later calls from any page or session get the same instance."""
-    return load_model(name, device=device, dtype=dtype)
+    lm = load_model(name, device=device, dtype=dtype)
+    load_log().append((name, device, dtype, time.time()))
+    return lm
 
 
 @st.cache_resource(show_spinner=False)
 def model_lock(name: str, device: str | None, dtype: str | None) -> threading.Lock:
     """Serialises runs on one model so two sessions never interleave inside it."""
     return threading.Lock()
+
+
+def unload_models() -> None:
+    """Drop every shared model (all sessions) and give the memory back."""
+    shared_model.clear()
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+@contextmanager
+def locked(name: str, device: str | None, dtype: str | None, on_wait=None):
+    """Hold the model's run lock; `on_wait()` is called once if another session holds it."""
+    lock = model_lock(name, device, dtype)
+    if not lock.acquire(blocking=False):
+        if on_wait is not None:
+            on_wait()
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def memory_in_use() -> dict:
+    """Process resident memory and, on CUDA, memory held by tensors (MiB)."""
+    out = {"process_rss_mib": _rss_mib()}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            out["cuda_allocated_mib"] = torch.cuda.memory_allocated() / 2**20
+            out["cuda_reserved_mib"] = torch.cuda.memory_reserved() / 2**20
+    except Exception:  # noqa: BLE001 - memory figures are advisory
+        pass
+    return out
+
+
+def _rss_mib() -> float:
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@st.cache_resource(show_spinner=False)
+def warmed_up(name: str, device: str | None, dtype: str | None) -> bool:
+    """One tiny full and POP prompt per model, so the first measured TTFT holds no one-time costs."""
+    import torch
+
+    from pop_analysis.pop import run_prompt
+
+    lm = shared_model(name, device, dtype)
+    ids = torch.arange(1, 9, device=lm.device).unsqueeze(0)  # (1, 8)
+    run_prompt(lm.adapter, ids, "full")
+    run_prompt(lm.adapter, ids, "pop", (lm.adapter.n_layers - 1,))
+    return True

@@ -1,0 +1,282 @@
+"""Pure plotly figure builders: plain data in, a Figure out (no streamlit, no model).
+
+Colours are fixed per meaning across pages: prefill = blue, decode = orange, skipped block =
+grey shading, POP = green, full = dark grey.
+"""
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+PREFILL, DECODE, POP, FULL = "#1f77b4", "#ff7f0e", "#2ca02c", "#444444"
+COSINES = {"hidden": "#1f77b4", "k": "#9467bd", "v": "#d62728", "attn_out": "#2ca02c"}
+COSINE_NAMES = {"hidden": "hidden state", "k": "K cache", "v": "V cache",
+                "attn_out": "attention output (decode)"}
+SKIP_SHADE = "rgba(120,120,120,0.15)"
+
+
+def _layout(fig: go.Figure, title: str, height: int = 360, **kw) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin=dict(l=50, r=20, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.2), **kw)
+    return fig
+
+
+def shade_layers(fig: go.Figure, skip, label: str = "skipped in prefill") -> go.Figure:
+    """Grey bands behind the skipped layers, one per contiguous run."""
+    for lo, hi in runs(skip):
+        fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor=SKIP_SHADE, line_width=0, layer="below",
+                      annotation_text=label if lo == runs(skip)[0][0] else None,
+                      annotation_position="top left")
+    return fig
+
+
+def runs(layers) -> list[tuple[int, int]]:
+    """(3, 4, 5, 9) -> [(3, 5), (9, 9)]."""
+    out: list[tuple[int, int]] = []
+    for i in sorted(layers):
+        if out and i == out[-1][1] + 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
+# ---------- overview ----------
+
+def pop_diagram(n_layers: int, skip, n_prompt: int = 8, n_new: int = 3) -> go.Figure:
+    """Layers x positions: what runs where under POP (prefill pruned, boundary and decode full)."""
+    skip = set(skip)
+    cols = [f"x{i}" for i in range(1, n_prompt)] + ["x_N"] + [f"y{i}" for i in range(1, n_new + 1)]
+    z, text = [], []
+    for layer in range(n_layers):
+        row = [1 if (layer in skip and c < n_prompt - 1) else 0 for c in range(len(cols))]
+        z.append(row)
+        text.append(["K/V only" if v else "full" for v in row])
+    fig = go.Figure(go.Heatmap(
+        z=z, x=cols, y=list(range(n_layers)), text=text, zmin=0, zmax=1, showscale=False,
+        colorscale=[[0, "#cfe3f5"], [0.5, "#cfe3f5"], [0.5, "#f3b37a"], [1, "#f3b37a"]],
+        xgap=2, ygap=1, hovertemplate="layer %{y}, %{x}: %{text}<extra></extra>"))
+    fig.add_vline(x=n_prompt - 1.5, line_dash="dash", line_color=FULL)
+    fig.add_vline(x=n_prompt - 0.5, line_dash="dash", line_color=FULL)
+    top = n_layers - 0.5
+    for x, label in ((n_prompt / 2 - 1, "prefill x1..x(N-1): pruned"),
+                     (n_prompt - 1, "boundary x_N: full"), (n_prompt - 0.5 + n_new / 2, "decode: full")):
+        fig.add_annotation(x=x, y=top, yshift=14, text=label, showarrow=False)
+    fig.update_yaxes(title="layer", autorange=True)
+    fig.update_xaxes(title="position (prompt, then generated)", side="bottom")
+    return _layout(fig, "What runs where: blue = full layer, orange = independent K/V projection only",
+                   height=max(320, 14 * n_layers + 120))
+
+
+# ---------- importance ----------
+
+def layer_strip(n_layers: int, skip, importance=None, label: str = "prefill importance") -> go.Figure:
+    """One clickable square per layer (a crossed square = skipped), coloured by log10 importance
+    when scores exist. Markers, not bars: plotly selects markers reliably by click and by box."""
+    skip = set(skip)
+    x = list(range(n_layers))
+    size = max(8, min(28, 900 // max(n_layers, 1)))
+    marker = dict(symbol=["square-x" if i in skip else "square" for i in x], size=size,
+                  line=dict(color=[FULL if i in skip else "white" for i in x], width=2))
+    if importance is not None:
+        floor = max(max(importance), 1e-30) * 1e-6  # six decades: a zero must not flatten the scale
+        logs = [math.log10(max(v, floor)) for v in importance]
+        marker.update(color=logs, colorscale="Viridis", showscale=True,
+                      colorbar=dict(title=f"log10 {label}", thickness=10))
+        hover = [f"layer {i}<br>{label} {importance[i]:.3g}" for i in x]
+    else:
+        marker.update(color=[DECODE if i in skip else PREFILL for i in x])
+        hover = [f"layer {i}" for i in x]
+    hover = [h + ("<br><b>skipped</b>" if i in skip else "") for i, h in zip(x, hover)]
+    fig = go.Figure(go.Scatter(x=x, y=[0] * n_layers, mode="markers", marker=marker,
+                               hovertext=hover, hoverinfo="text"))
+    fig.update_yaxes(visible=False, fixedrange=True, range=[-1, 1])
+    fig.update_xaxes(title="layer (drag a box to choose a range)",
+                     dtick=1 if n_layers <= 40 else 4, range=[-0.7, n_layers - 0.3], fixedrange=True)
+    return _layout(fig, "Layer strip (crossed = skipped in prefill)", height=200,
+                   clickmode="event+select", dragmode="select")
+
+
+def importance_chart(prefill, decode, prefill_std=None, decode_std=None, log: bool = True,
+                     bands: bool = True, block_influence: dict | None = None, skip=()) -> go.Figure:
+    """Prefill vs decode importance per layer (mean of (dL/dg)^2), with +-1 std bands."""
+    x = list(range(len(prefill)))
+    fig = go.Figure()
+    for name, mean, std, colour in (("prefill", prefill, prefill_std, PREFILL),
+                                    ("decode", decode, decode_std, DECODE)):
+        if bands and std is not None:
+            lo = [max(m - s, m * 1e-3 if log else m - s) for m, s in zip(mean, std)]
+            hi = [m + s for m, s in zip(mean, std)]
+            fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", line_width=0,
+                                     fillcolor=_alpha(colour, 0.18), hoverinfo="skip",
+                                     name=f"{name} ±1 std", showlegend=True))
+        fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", name=f"{name} importance",
+                                 line=dict(color=colour, width=2)))
+    if block_influence:
+        for name, colour in (("prefill", PREFILL), ("decode", DECODE)):
+            if block_influence.get(name):
+                fig.add_trace(go.Scatter(x=x, y=block_influence[name], yaxis="y2", mode="lines",
+                                         name=f"block influence ({name})",
+                                         line=dict(color=colour, dash="dot")))
+        fig.update_layout(yaxis2=dict(title="block influence (1 - cos)", overlaying="y",
+                                      side="right", showgrid=False))
+    shade_layers(fig, skip)
+    fig.update_yaxes(type="log" if log else "linear", title="importance E[(dL/dg)²]")
+    fig.update_xaxes(title="layer")
+    return _layout(fig, "Stage-aware layer importance: prefill vs decode", height=420)
+
+
+def rank_scatter(taylor, exact, stage: str) -> go.Figure:
+    """Taylor estimate vs exact leave-one-layer-out loss increase, one point per layer."""
+    fig = go.Figure(go.Scatter(x=exact, y=taylor, mode="markers+text",
+                               text=[str(i) for i in range(len(taylor))], textposition="top center",
+                               marker=dict(color=PREFILL if stage == "prefill" else DECODE)))
+    fig.update_xaxes(title="exact: loss increase when the layer is removed")
+    fig.update_yaxes(title="Taylor: E[(dL/dg)²]", type="log")
+    return _layout(fig, f"Taylor vs exact ({stage})", height=340)
+
+
+def _alpha(hex_colour: str, a: float) -> str:
+    h = hex_colour.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{a})"
+
+
+# ---------- generation ----------
+
+def call_counts_heatmap(counts: dict, title: str) -> go.Figure:
+    """counts[stage][kind][layer] -> a stage·kind x layer heatmap with the numbers printed."""
+    rows, z = [], []
+    for stage in ("prefill", "boundary", "decode"):
+        for kind, per_layer in counts.get(stage, {}).items():
+            rows.append(f"{stage} · {kind}")
+            z.append(per_layer)
+    fig = go.Figure(go.Heatmap(z=z, y=rows, x=list(range(len(z[0]) if z else 0)), text=z,
+                               texttemplate="%{text}", colorscale="Blues", showscale=False,
+                               hovertemplate="layer %{x}, %{y}: %{z} calls<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title="layer", dtick=1 if len(z[0] if z else []) <= 40 else 4)
+    return _layout(fig, title, height=60 + 28 * max(len(rows), 1))
+
+
+def arrival_chart(series: dict) -> go.Figure:
+    """Seconds since the prompt went in at which each token arrived, per variant."""
+    fig = go.Figure()
+    for name, times in series.items():
+        fig.add_trace(go.Scatter(x=list(range(len(times))), y=times, mode="lines+markers", name=name,
+                                 line=dict(color=FULL if name == "full" else POP)))
+    fig.update_xaxes(title="generated token")
+    fig.update_yaxes(title="seconds since prompt in", rangemode="tozero")
+    return _layout(fig, "Token arrival (the first point is the TTFT)", height=300)
+
+
+# ---------- drift ----------
+
+def drift_curves(drift: dict, skip, only_skipped: bool = True) -> go.Figure:
+    """Mean cosine POP vs full per layer for hidden, K, V and attention output (paper style)."""
+    n = len(drift["hidden_cos"])
+    layers = sorted(skip) if only_skipped and skip else list(range(n))
+    fig = go.Figure()
+    for key, colour in COSINES.items():
+        vals = drift.get(f"{key}_cos")
+        if vals is None:
+            continue
+        fig.add_trace(go.Scatter(x=layers, y=[vals[i] for i in layers], mode="lines+markers",
+                                 name=COSINE_NAMES[key], line=dict(color=colour, width=2)))
+        mins = drift.get(f"{key}_min")
+        if mins is not None:
+            fig.add_trace(go.Scatter(x=layers, y=[mins[i] for i in layers], mode="lines",
+                                     name=f"{COSINE_NAMES[key]} (min over tokens)",
+                                     line=dict(color=colour, dash="dot", width=1)))
+    if not only_skipped:
+        shade_layers(fig, skip)
+    fig.update_xaxes(title="layer", dtick=1)
+    fig.update_yaxes(title="cosine similarity POP vs full")
+    return _layout(fig, "Representation drift across the skipped block", height=420)
+
+
+def drift_heatmap(matrix, tokens=None, title: str = "per-token cosine") -> go.Figure:
+    """Layer x token cosine matrix; red = drifted, white/blue = unchanged."""
+    n_tok = len(matrix[0]) if matrix else 0
+    x = list(range(n_tok))
+    fig = go.Figure(go.Heatmap(z=matrix, x=x, y=list(range(len(matrix))), colorscale="RdBu",
+                               zmax=1.0, zmid=None, colorbar=dict(title="cos"),
+                               customdata=[tokens] * len(matrix) if tokens else None,
+                               hovertemplate=("layer %{y}, token %{x}"
+                                              + (" %{customdata}" if tokens else "")
+                                              + ": cos %{z:.3f}<extra></extra>")))
+    fig.update_xaxes(title="prompt token (downsampled)")
+    fig.update_yaxes(title="layer")
+    return _layout(fig, title, height=420)
+
+
+def decode_steps_chart(kl, top1) -> go.Figure:
+    """KL(full || POP) and top-1 agreement for each decode step."""
+    steps = list(range(len(kl)))
+    fig = go.Figure(go.Bar(x=steps, y=kl, name="KL(full ‖ POP)", marker_color=DECODE))
+    fig.add_trace(go.Scatter(x=steps, y=top1, name="top-1 agreement", yaxis="y2",
+                             mode="lines+markers", line=dict(color=POP)))
+    fig.update_layout(yaxis=dict(title="KL (nats)", rangemode="tozero"),
+                      yaxis2=dict(title="top-1 agreement", overlaying="y", side="right",
+                                  range=[0, 1.05], showgrid=False))
+    fig.update_xaxes(title="decode step (0 = boundary token's prediction)")
+    return _layout(fig, "Next-token distribution: POP vs full, per decode step", height=340)
+
+
+def drift_length_chart(rows: list[dict]) -> go.Figure:
+    """Block-mean cosines and KL against context length."""
+    lengths = [r["length"] for r in rows]
+    fig = go.Figure()
+    for key, colour in COSINES.items():
+        fig.add_trace(go.Scatter(x=lengths, y=[r.get(f"{key}_cos", r.get(key)) for r in rows], mode="lines+markers",
+                                 name=COSINE_NAMES[key], line=dict(color=colour)))
+    fig.add_trace(go.Scatter(x=lengths, y=[r["kl"] for r in rows], name="KL (mean over steps)",
+                             yaxis="y2", mode="lines+markers", line=dict(color=FULL, dash="dash")))
+    fig.update_layout(yaxis=dict(title="mean cosine over the skipped block"),
+                      yaxis2=dict(title="KL", overlaying="y", side="right", showgrid=False))
+    fig.update_xaxes(title="context length (tokens)", type="log")
+    return _layout(fig, "Drift vs context length", height=380)
+
+
+# ---------- sweeps ----------
+
+def ratio_chart(rows: list[dict], quality: str, paper: dict | None = None) -> go.Figure:
+    """Measured / ideal prefill speedup and a quality metric over skip ratios (+ paper's Table 4)."""
+    rows = sorted(rows, key=lambda r: r["skip_ratio"])
+    x = [r["skip_ratio"] for r in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=x, y=[r["prefill_speedup"] for r in rows], name="prefill speedup",
+                             mode="lines+markers", line=dict(color=POP)))
+    fig.add_trace(go.Scatter(x=x, y=[r["ideal_speedup"] for r in rows], name="ideal (FLOPs)",
+                             mode="lines", line=dict(color=POP, dash="dot")))
+    fig.add_trace(go.Scatter(x=x, y=[r.get(quality) for r in rows], name=quality, yaxis="y2",
+                             mode="lines+markers", line=dict(color=DECODE)))
+    if paper:
+        fig.add_trace(go.Scatter(x=paper["ratio"], y=paper["speedup"], name="paper: speedup",
+                                 mode="markers", marker=dict(symbol="x", color=POP, size=9)))
+        if paper.get("quality"):
+            fig.add_trace(go.Scatter(x=paper["ratio"], y=paper["quality"], yaxis="y2",
+                                     name=f"paper: {paper.get('quality_name', 'accuracy')}",
+                                     mode="markers", marker=dict(symbol="x", color=DECODE, size=9)))
+    fig.update_layout(yaxis=dict(title="prefill speedup (×)"),
+                      yaxis2=dict(title=quality, overlaying="y", side="right", showgrid=False))
+    fig.update_xaxes(title="skip ratio", tickformat=".0%")
+    return _layout(fig, "Speed vs quality over skip ratios", height=400)
+
+
+def length_chart(rows: list[dict], paper: dict | None = None) -> go.Figure:
+    """Measured prefill speedup vs prompt length (+ the paper's Table 2 rows)."""
+    rows = sorted(rows, key=lambda r: r["length"])
+    fig = go.Figure(go.Scatter(x=[r["length"] for r in rows], y=[r["prefill_speedup"] for r in rows],
+                               name="measured", mode="lines+markers", line=dict(color=POP)))
+    if any("ideal_speedup" in r for r in rows):
+        fig.add_trace(go.Scatter(x=[r["length"] for r in rows],
+                                 y=[r.get("ideal_speedup") for r in rows], name="ideal (FLOPs)",
+                                 mode="lines", line=dict(color=POP, dash="dot")))
+    for name, pts in (paper or {}).items():
+        fig.add_trace(go.Scatter(x=pts["length"], y=pts["speedup"], name=f"paper: {name}",
+                                 mode="lines+markers", line=dict(dash="dash")))
+    fig.update_xaxes(title="prompt length (tokens)", type="log")
+    fig.update_yaxes(title="prefill (TTFT) speedup (×)")
+    return _layout(fig, "Prefill speedup vs input length", height=380)

@@ -1,0 +1,119 @@
+"""Generate: the full model and a POP variant answer the same prompt, side by side."""
+import html
+
+import streamlit as st
+import torch
+
+from dashboard import charts, state, widgets
+from dashboard.examples import EXAMPLES
+from dashboard.resources import warmed_up
+from dashboard.streaming import agreement, stream_variant, token_pieces
+from pop_analysis.flops import ideal_speedup
+from pop_analysis.generate import SamplingConfig, encode
+from pop_analysis.skipset import SkipSetError, describe, preset, validate
+
+VARIANTS = {"pop": "POP (independent KV + boundary)", "pop_no_kv": "ablation: without independent KV",
+            "pop_no_boundary": "ablation: without boundary handling",
+            "static": "static: layers removed in prefill and decode", "shallow": "ablation: shallow block",
+            "interleaved": "ablation: interleaved layers"}
+
+st.title("Generate: full vs POP")
+lm = widgets.model_or_stop()
+n = lm.adapter.n_layers
+skip = state.skip_for(n)
+
+
+def use_example() -> None:
+    st.session_state["gen.prompt"] = EXAMPLES[st.session_state["gen.example"]]
+
+
+st.selectbox("Example", list(EXAMPLES), key="gen.example", on_change=use_example, index=None,
+             placeholder="pick an example (short or long) ...")
+prompt = st.text_area("Prompt", key="gen.prompt", height=140,
+                      placeholder="Type a prompt or pick an example")
+c = st.columns([2, 1, 1, 1])
+variant = c[0].selectbox("Compare the full model with", list(VARIANTS), format_func=VARIANTS.get,
+                         key="gen.variant")
+mode = c[1].radio("Decoding", ("greedy", "sampling"), key="gen.mode", horizontal=True)
+max_new = c[2].number_input("New tokens", 1, 512, 32, key="gen.max_new")
+raw = c[3].checkbox("Raw (no chat template)", key="gen.raw")
+temperature, top_p, seed = 0.0, 1.0, 0
+if mode == "sampling":
+    s = st.columns(3)
+    temperature = s[0].slider("Temperature", 0.05, 2.0, 0.7, key="gen.temp")
+    top_p = s[1].slider("Top-p", 0.05, 1.0, 0.9, key="gen.top_p")
+    seed = s[2].number_input("Seed", 0, 2**31 - 1, 0, key="gen.seed")
+cfg = SamplingConfig(max_new_tokens=int(max_new), temperature=temperature, top_p=top_p, seed=int(seed))
+run_skip = preset(variant, n) if variant in ("shallow", "interleaved") else skip
+st.caption(f"Skipped in prefill: layers {describe(run_skip)} ({len(run_skip)}/{n}); "
+           "same seed for both runs when sampling.")
+clicked = st.button("Generate", type="primary", key="gen.go")
+
+left, right = st.columns(2)
+left.markdown("**Full model**")
+right.markdown(f"**{VARIANTS[variant]}**")
+out = {"full": left.container(key="gen-out-full").empty(),
+       "other": right.container(key="gen-out-pop").empty()}
+
+
+def live(where):
+    return lambda ids: where.markdown(html.escape(lm.tokenizer.decode(ids)) if lm.tokenizer else ids)
+
+
+if clicked:
+    try:
+        ids = encode(lm, prompt or "", raw=raw)
+        validate(run_skip, n)
+        with widgets.run_lock():
+            warmed_up(*state.model_spec().key)
+            full = stream_variant(lm, ids, "full", (), cfg, live(out["full"]))
+            other = stream_variant(lm, ids, "pop" if variant in ("shallow", "interleaved") else variant,
+                                   run_skip, cfg, live(out["other"]))
+        st.session_state[state.GENERATION] = {"prompt_tokens": len(ids), "full": full, "other": other,
+                                              "label": VARIANTS[variant]}
+    except torch.OutOfMemoryError:
+        st.error("Out of memory: try fewer new tokens, a shorter prompt or a smaller model.")
+    except (ValueError, SkipSetError, RuntimeError) as e:
+        st.error(f"Generation failed: {e}")
+
+
+def highlighted(ids: list[int], first: int | None) -> str:
+    parts = []
+    for i, piece in enumerate(token_pieces(lm.tokenizer, ids)):
+        text = html.escape(piece).replace("\n", "<br>")
+        if first is not None and i == first:
+            text = f'<mark title="first divergent token (#{i})" style="background:#ffd54f">{text}</mark>'
+        elif first is not None and i > first:
+            text = f'<span style="color:#888">{text}</span>'
+        parts.append(text)
+    return "<div class='pop-output'>" + "".join(parts) + "</div>"
+
+
+res = st.session_state.get(state.GENERATION)
+if res:
+    full, other = res["full"], res["other"]
+    share, first = agreement(full["token_ids"], other["token_ids"])
+    out["full"].markdown(highlighted(full["token_ids"], first), unsafe_allow_html=True)
+    out["other"].markdown(highlighted(other["token_ids"], first), unsafe_allow_html=True)
+    m = st.columns(5)
+    m[0].metric("TTFT full", f"{full['ttft_s'] * 1e3:.0f} ms")
+    m[1].metric("TTFT POP", f"{other['ttft_s'] * 1e3:.0f} ms")
+    speed = full["ttft_s"] / other["ttft_s"] if other["ttft_s"] > 0 else float("nan")
+    m[2].metric("Prefill speedup", f"{speed:.2f}×",
+                f"ideal {ideal_speedup(lm.adapter.shape, res['prompt_tokens'], other['skip']):.2f}×",
+                delta_color="off")
+    m[3].metric("Decode tok/s (full / POP)",
+                " / ".join(f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "–" for r in (full, other)))
+    m[4].metric("Token agreement", f"{share:.0%}",
+                "identical" if first is None else f"first divergence at token {first}", delta_color="off")
+    st.caption(f"Prompt: {res['prompt_tokens']} tokens. One run each, measured back to back; "
+               "TTFT includes the boundary step. A yellow mark is the first token where the "
+               "two outputs differ; grey text follows it.")
+    st.plotly_chart(charts.arrival_chart({"full": full["times"], res["label"]: other["times"]}),
+                    key="gen.arrival")
+    st.subheader("What ran: calls per layer and stage")
+    st.caption("Skipped layers show 0 attention/FFN calls in prefill but one k_proj call (the "
+               "independent K/V projection); x_N (boundary) and decode run every layer.")
+    for r, title in ((full, "full model"), (other, res["label"])):
+        st.plotly_chart(charts.call_counts_heatmap(r["counts"], f"Calls: {title}"),
+                        key=f"gen.counts.{r['variant']}.{title}")

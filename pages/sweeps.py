@@ -1,0 +1,97 @@
+"""Sweeps: speed vs quality over skip ratios, the ablations and input lengths, beside the paper."""
+import datetime
+
+import streamlit as st
+import torch
+
+from dashboard import charts, data, state, widgets
+
+st.title("Sweeps: speed vs quality")
+st.markdown("Results of the evaluation sweeps (the CLI fills the same store), each next to the "
+            "paper's numbers. Speedups measured on a shared CPU are noisy; ratios timed back to "
+            "back in one process are meaningful.")
+try:
+    from pop_analysis import sweep as sw
+except ImportError as e:
+    st.warning(f"Sweeps are not available in this build ({e}).")
+    st.stop()
+
+KINDS = {"ratio": "speed vs quality over skip ratios", "ablation": "the paper's ablations",
+         "length": "prefill speedup vs input length", "adaptive": "adaptive skip sets from scores"}
+PAPER_FOR = {"ratio": "table4", "adaptive": "table4", "ablation": "table3", "length": "table2"}
+lm = widgets.model_or_stop()
+calib = st.session_state.get(state.CALIBRATION)
+
+with st.expander("Run a sweep", expanded=False):
+    c = st.columns(5)
+    kind = c[0].selectbox("Sweep", list(KINDS), format_func=KINDS.get, key="sw.kind")
+    n_samples = c[1].number_input("Samples", 1, 500, 4, key="sw.n")
+    max_new = c[2].number_input("New tokens", 1, 256, 16, key="sw.len")
+    repeats = c[3].number_input("Timing repeats", 1, 20, 3, key="sw.rep")
+    dataset = c[4].text_input("Data set", "gsm8k", key="sw.data", help="gsm8k, wizardlm, builtin, a path")
+    if st.button("Run sweep", type="primary", key="sw.go"):
+        cfg = sw.SweepConfig(dataset=dataset, n_samples=int(n_samples), max_new_tokens=int(max_new),
+                             repeats=int(repeats))
+        try:
+            if kind == "adaptive" and calib is None:
+                raise ValueError("the adaptive sweep needs a calibration: run one on the Calibrate page")
+            with widgets.run_lock(), widgets.ProgressBar(f"Sweep ({kind})") as bar:
+                res, hit = sw.cached_sweep(lm, kind, cfg, progress=bar, calibration=calib)
+            st.session_state[state.SWEEP] = res
+            st.success("Loaded from the cache." if hit else
+                       f"Computed in {res.seconds:.0f} s; {bar.summary}.")
+        except torch.OutOfMemoryError:
+            st.error("Out of memory: use fewer samples or shorter lengths.")
+        except (ValueError, RuntimeError, OSError) as e:
+            st.error(f"Sweep failed: {e}")
+
+entries = data.stored_entries("sweep")
+if entries:
+    by_key = {e["key"]: e for e in entries}
+
+    def label_of(key):
+        p = by_key[key]["params"]
+        when = datetime.datetime.fromtimestamp(by_key[key]["saved_at"]).strftime("%Y-%m-%d %H:%M")
+        return f"{p.get('kind', '?')} · {p.get('model', '?')} · {p.get('device', '')} · {when}"
+    c = st.columns([4, 1])
+    key = c[0].selectbox("Stored sweeps", list(by_key), format_func=label_of, key="sw.stored")
+    if c[1].button("Load", key="sw.load"):
+        res = data.load_result("sweep", key, sw.SweepResult)
+        if res is None:
+            st.error("That entry is missing or unreadable.")
+        else:
+            st.session_state[state.SWEEP] = res
+
+res = st.session_state.get(state.SWEEP)
+if res is None:
+    st.info("No sweep shown yet: run one above or load a stored one.")
+else:
+    st.subheader(f"{KINDS.get(res.kind, res.kind)} — {res.model}")
+    st.caption(f"{res.data} · {res.device} · {res.threads} threads · {res.seconds:.0f} s")
+    rows = res.rows
+    t4, t2 = sw.PAPER_TABLES["table4"], sw.PAPER_TABLES["table2"]
+    if res.kind in ("ratio", "adaptive") and rows:
+        metrics = [m for m in ("greedy_agreement", "exact_match", "sequence_exact", "continuation_nll",
+                               "retrieval_acc") if any(r.get(m) is not None for r in rows)]
+        quality = st.radio("Quality metric", metrics, horizontal=True, key="sw.metric")
+        paper = {"ratio": t4["ratios"], "speedup": t4["prefill_speedup"]}
+        if quality == "exact_match":  # the paper's GSM8K accuracy, as a fraction
+            paper.update(quality=[v / 100 for v in t4["GSM8K"]], quality_name="GSM8K")
+        st.plotly_chart(charts.ratio_chart(rows, quality, paper), key="sw.ratio")
+    elif res.kind == "length" and rows:
+        paper = {m: {"length": t2["lengths"], "speedup": v} for m, v in t2["rows"].items()}
+        st.plotly_chart(charts.length_chart(rows, paper), key="sw.length")
+    frame = res.to_frame()
+    if res.kind == "ablation" and "variant" in frame:
+        paper = sw.paper_frame("table3").add_prefix("paper ")
+        frame = frame.join(paper, on="variant")
+    st.dataframe(frame, hide_index=True, key="sw.table")
+
+st.subheader("The paper's numbers")
+for name in ("table4", "table3", "table2", "table1"):
+    table = sw.PAPER_TABLES[name]
+    with st.expander(f"{name}: {table['title']}", expanded=res is not None and PAPER_FOR.get(res.kind) == name):
+        st.dataframe(sw.paper_frame(name), key=f"sw.paper.{name}")
+        for note in ("note", "static"):
+            if note in table:
+                st.caption(table[note])

@@ -1,0 +1,235 @@
+"""The dashboard in a real browser: `streamlit run dashboard/app.py` on a free localhost port,
+driven by Playwright through Debian's headless chromium (never a downloaded browser).
+
+Visits every page through the sidebar navigation (one session), runs a small calibration and a
+generation, checks plotly charts are drawn, and saves screenshots and timings under
+artifacts/screenshots/. The server is stopped by its pid.
+"""
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = ROOT / "artifacts" / "screenshots"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PLOT = ".js-plotly-plot"
+LOAD_AT_START = os.getloadavg()[0] / (os.cpu_count() or 1)  # other work on the machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError("streamlit did not become healthy")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, embedded):
+    """A streamlit server started from a foreign cwd on a temp results store; stopped by pid."""
+    from pop_analysis.paths import cache_dir
+
+    tmp = tmp_path_factory.mktemp("browser")
+    store = tmp / "cache"
+    store.mkdir()
+    (store / "models").symlink_to(cache_dir() / "models", target_is_directory=True)
+    port = free_port()
+    env = {**os.environ, "POP_LAB_CACHE": str(store), "OMP_NUM_THREADS": "2"}
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"),
+           "--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1",
+           "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    log = open(tmp / "server.log", "w")
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc)
+        yield {"url": url, "t_launch": t0, "t_healthy": time.time(), "log": tmp / "server.log"}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser_page(tmp_path_factory):
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/install_browser.sh")
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium_profile")
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM,
+                                                   headless=True, args=ARGS,
+                                                   viewport={"width": 1400, "height": 1000})
+        try:
+            yield ctx.pages[0] if ctx.pages else ctx.new_page()
+        finally:
+            ctx.close()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def open_page(page, title: str, heading: str) -> float:
+    """Click the sidebar link and wait for the page heading; returns seconds taken."""
+    t0 = time.time()
+    page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
+    page.get_by_role("heading", name=re.compile(heading)).first.wait_for(timeout=60_000)
+    wait_idle(page)
+    return time.time() - t0
+
+
+def wait_idle(page, timeout: float = 300) -> None:
+    """Wait until the app has finished its current run (the status widget disappears)."""
+    page.wait_for_timeout(300)
+    page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=timeout * 1000)
+
+
+def watch_progress(page, done, timeout: float = 300) -> list[float]:
+    """Poll the progress bar's text until `done` shows; return the times it changed."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    changes, last, end = [], None, time.time() + timeout
+    while not done.count():
+        assert time.time() < end, "the run did not finish"
+        bar = page.locator('[data-testid="stProgress"]')
+        try:
+            text = bar.first.inner_text(timeout=500) if bar.count() else None
+        except PlaywrightError:  # the bar vanished between count and read
+            text = None
+        if text and text != last:
+            changes.append(time.time())
+            last = text
+        page.wait_for_timeout(200)
+    return changes
+
+
+def loads(page) -> int:
+    text = page.locator('[data-testid="stSidebar"]').inner_text()
+    return int(re.search(r"loads in this server: (\d+)", text).group(1))
+
+
+def set_number(page, label: str, value: int) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(str(value))
+    box.press("Enter")
+    wait_idle(page)
+
+
+def test_every_page_in_a_real_browser(server, browser_page):
+    page = browser_page
+    perf = {}
+    t_connect = time.time()
+    page.goto(server["url"])
+    page.locator(PLOT).first.wait_for(timeout=120_000)
+    perf["first_page_interactive_s"] = round(time.time() - server["t_launch"], 2)
+    perf["server_ready_s"] = round(server["t_healthy"] - server["t_launch"], 2)
+    perf["first_page_after_connect_s"] = round(time.time() - t_connect, 2)  # imports + model load
+    wait_idle(page)
+    assert "Skip set:" in page.locator('[data-testid="stSidebar"]').inner_text()
+    assert loads(page) == 1
+    shot(page, "1_overview")
+
+    # Calibrate: a small run, then the same one again from the cache.
+    perf["switch_to_calibrate_s"] = round(open_page(page, "Calibrate", "Calibrate"), 2)
+    set_number(page, "Samples", 2)
+    set_number(page, "Response tokens", 8)
+    t0 = time.time()
+    page.get_by_role("button", name="Run calibration").click()
+    changes = watch_progress(page, page.get_by_text(re.compile("Calibration of .*Computed")))
+    perf["calibration_s"] = round(time.time() - t0, 2)
+    gaps = [b - a for a, b in zip(changes, changes[1:])]
+    perf["progress_bar_redraws"] = len(changes)
+    perf["progress_bar_longest_gap_s"] = round(max(gaps), 2) if gaps else None
+    assert len(changes) >= 2, "the progress bar was never seen moving"
+    assert max(gaps) <= 2.5, f"the progress bar stood still for {max(gaps):.1f} s"
+    done = page.get_by_text(re.compile("Calibration of .*Computed")).inner_text()
+    gap = re.search(r"longest gap ([\d.]+) s", done)
+    perf["calibration_longest_progress_gap_s"] = float(gap.group(1)) if gap else None
+    wait_idle(page)
+    page.locator(PLOT).first.wait_for(timeout=30_000)  # the importance chart
+    shot(page, "2_calibrate")
+    t0 = time.time()
+    page.get_by_role("button", name="Run calibration").click()
+    page.get_by_text(re.compile("Loaded from the cache in")).wait_for(timeout=30_000)
+    perf["cached_calibration_visible_s"] = round(time.time() - t0, 2)
+    page.locator(PLOT).first.wait_for()
+
+    # Skip set: the strip is drawn, coloured by the calibration just made.
+    perf["switch_to_skip_set_s"] = round(open_page(page, "Skip set", "Skip set"), 2)
+    page.locator(PLOT).first.wait_for(timeout=30_000)
+    page.get_by_text("Ideal prefill speedup @ 128 tok", exact=True).wait_for(timeout=30_000)
+    # Drag a box over layers 24..29 of the layer strip: that range becomes the skip set.
+    squares = page.locator(f"{PLOT} .scatterlayer .point")
+    a, b = squares.nth(24).bounding_box(), squares.nth(29).bounding_box()
+    page.mouse.move(a["x"] - 4, a["y"] - 12)
+    page.mouse.down()
+    page.mouse.move(b["x"] + b["width"] + 4, b["y"] + b["height"] + 12, steps=10)
+    page.mouse.up()
+    wait_idle(page)
+    page.get_by_text(re.compile(r"Skip set:\s*24-29 \(6/30")).wait_for(timeout=30_000)
+    shot(page, "3_skip_set")
+
+    # Generate: a short prompt, 8 tokens, full and POP side by side.
+    perf["switch_to_generate_s"] = round(open_page(page, "Generate", "Generate"), 2)
+    prompt = page.get_by_label("Prompt", exact=True)
+    prompt.fill("Why is the sky blue?")
+    prompt.press("Control+Enter")
+    wait_idle(page)
+    set_number(page, "New tokens", 8)
+    t0 = time.time()
+    page.get_by_role("button", name="Generate").click()
+    page.get_by_text("Token agreement", exact=True).wait_for(timeout=300_000)
+    wait_idle(page)
+    perf["generation_s"] = round(time.time() - t0, 2)
+    page.locator(PLOT).nth(2).wait_for(timeout=30_000)
+    shot(page, "4_generate")
+    for side in ("full", "pop"):  # both outputs hold generated text
+        assert page.locator(f".st-key-gen-out-{side}").inner_text().strip(), side
+    assert page.locator(PLOT).count() >= 3
+
+    for title, heading, name in (("Drift", "drift", "5_drift"), ("Sweeps", "Sweeps", "6_sweeps"),
+                                 ("Overview", "Prefill-Only", "7_overview_again")):
+        perf[f"switch_to_{title.lower()}_s"] = round(open_page(page, title, heading), 2)
+        shot(page, name)
+    page.locator(PLOT).first.wait_for(timeout=30_000)
+    assert loads(page) == 1, "switching pages reloaded the model"
+    assert "Traceback" not in page.content()
+    perf["load_per_core_at_start"] = round(LOAD_AT_START, 2)
+    (SHOTS / "perf.json").write_text(json.dumps(perf, indent=1))
+    print(json.dumps(perf, indent=1))
+    if LOAD_AT_START <= 1.0:  # the 10 s target is meaningful on a machine that is not oversubscribed
+        assert perf["first_page_interactive_s"] <= 10, perf
+    else:
+        warnings.warn(f"first page interactive after {perf['first_page_interactive_s']} s with "
+                      f"{LOAD_AT_START:.1f} runnable processes per core: the 10 s target not checked")

@@ -1,0 +1,66 @@
+"""Pure figure builders and the generation comparison helpers (no streamlit, no model)."""
+import math
+
+from dashboard import charts
+from dashboard.streaming import agreement
+
+
+def test_runs_groups_contiguous_layers():
+    assert charts.runs([9, 3, 4, 5]) == [(3, 5), (9, 9)]
+    assert charts.runs([]) == []
+
+
+def test_pop_diagram_marks_only_prefill_cells_of_skipped_layers():
+    fig = charts.pop_diagram(6, (4, 5), n_prompt=4, n_new=2)
+    z = fig.data[0].z
+    x = list(fig.data[0].x)
+    assert x == ["x1", "x2", "x3", "x_N", "y1", "y2"]
+    for layer in range(6):
+        row = list(z[layer])
+        want = [1, 1, 1, 0, 0, 0] if layer in (4, 5) else [0] * 6
+        assert row == want, (layer, row)
+
+
+def test_layer_strip_crosses_skipped_layers_and_colours_by_log_importance():
+    imp = [1.0, 0.1, 0.0, 10.0]
+    fig = charts.layer_strip(4, (2,), imp)
+    bar = fig.data[0]
+    assert list(bar.marker.symbol) == ["square", "square", "square-x", "square"]
+    colours = list(bar.marker.color)
+    assert colours[0] == 0.0 and math.isclose(colours[1], -1.0)
+    assert math.isclose(colours[2], math.log10(10.0 * 1e-6)), "a zero is clamped six decades down"
+
+
+def test_importance_chart_has_bands_and_log_axis():
+    fig = charts.importance_chart([1, 2, 3], [3, 2, 1], [0.1] * 3, [0.2] * 3, log=True, bands=True,
+                                  skip=(2,))
+    names = [t.name for t in fig.data]
+    assert names == ["prefill ±1 std", "prefill importance", "decode ±1 std", "decode importance"]
+    assert fig.layout.yaxis.type == "log"
+    assert len(fig.layout.shapes) == 1, "one shaded run for the skipped layer"
+    linear = charts.importance_chart([1, 2], [2, 1], log=False, bands=False)
+    assert linear.layout.yaxis.type == "linear" and len(linear.data) == 2
+
+
+def test_call_counts_heatmap_rows_follow_stages():
+    counts = {"decode": {"attention": [2, 2]}, "prefill": {"attention": [1, 0], "k_proj": [1, 1]},
+              "boundary": {"attention": [1, 1]}}
+    fig = charts.call_counts_heatmap(counts, "t")
+    assert list(fig.data[0].y) == ["prefill · attention", "prefill · k_proj", "boundary · attention",
+                                   "decode · attention"]
+
+
+def test_drift_curves_restrict_to_the_skipped_block():
+    d = {f"{q}_cos": [1.0, 0.9, 0.8, 0.7] for q in ("hidden", "k", "v", "attn_out")}
+    fig = charts.drift_curves(d, (2, 3), only_skipped=True)
+    assert all(list(t.x) == [2, 3] for t in fig.data)
+    assert len(fig.data) == 4
+    rows = [{"length": 16, "hidden": 0.9, "k": 0.8, "v": 0.7, "attn_out": 0.99, "kl": 0.1}]
+    assert list(charts.drift_length_chart(rows).data[0].y) == [0.9]
+
+
+def test_agreement_and_first_divergence():
+    assert agreement([1, 2, 3], [1, 2, 3]) == (1.0, None)
+    assert agreement([1, 2, 3], [1, 5, 3]) == (2 / 3, 1)
+    assert agreement([1, 2], [1, 2, 3]) == (2 / 3, 2), "a missing token is a difference"
+    assert agreement([], []) == (1.0, None)

@@ -1,0 +1,229 @@
+"""The dashboard driven in-process with streamlit's AppTest, on the embedded model, small settings.
+
+Results go to a temporary results store (the converted embedded model is linked in, not copied),
+so the tests neither read nor pollute the repository's cache/results.
+"""
+import os
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "dashboard" / "app.py")
+PAGES = ("overview", "calibrate", "skip_set", "generate", "drift", "sweeps")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def temp_store(tmp_path_factory, embedded):
+    """POP_LAB_CACHE -> a temp dir whose models/ points at the converted models."""
+    from pop_analysis.paths import cache_dir
+
+    models = cache_dir() / "models"  # converted by the `embedded` fixture
+    tmp = tmp_path_factory.mktemp("poplab_cache")
+    (tmp / "models").symlink_to(models, target_is_directory=True)
+    old = os.environ.get("POP_LAB_CACHE")
+    os.environ["POP_LAB_CACHE"] = str(tmp)
+    yield tmp
+    if old is None:
+        os.environ.pop("POP_LAB_CACHE", None)
+    else:
+        os.environ["POP_LAB_CACHE"] = old
+
+
+def app() -> AppTest:
+    return AppTest.from_file(APP, default_timeout=300).run()
+
+
+def goto(at: AppTest, page: str) -> AppTest:
+    at.switch_page(f"../pages/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def charts(at: AppTest) -> list:
+    return at.get("plotly_chart")
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def test_every_page_renders_and_the_model_loads_once():
+    from dashboard.resources import load_log
+
+    at = app()
+    assert not at.exception
+    loads = len(load_log())
+    assert "smollm2-135m" in texts(at.sidebar.caption)
+    assert "Skip set:** 20-29" in texts(at.sidebar.markdown)  # the paper's last third of 30 layers
+    assert charts(at), "the overview draws the POP diagram"
+    assert at.dataframe, "the overview shows the model card"
+    for page in PAGES:
+        goto(at, page)
+        assert "Skip set:** 20-29" in texts(at.sidebar.markdown), page
+    assert len(load_log()) == loads, "switching pages reloaded the model"
+
+
+def test_ratio_changes_the_skip_set_on_every_page():
+    at = goto(app(), "skip_set")
+    at.select_slider(key="skipset.k").set_value(6).run()
+    assert not at.exception
+    assert at.session_state["lab.skip"] == tuple(range(24, 30))
+    assert "Layers skipped" in texts(at.metric) or any(m.label == "Layers skipped" for m in at.metric)
+    assert next(m for m in at.metric if m.label == "Layers skipped").value == "6 / 30"
+    for page in ("generate", "drift", "overview"):
+        goto(at, page)
+        assert "Skip set:** 24-29" in texts(at.sidebar.markdown), page
+    goto(at, "generate")
+    assert "layers 24-29 (6/30)" in texts(at.caption)
+    goto(at, "drift")
+    assert "layers 24-29 (6/30)" in texts(at.caption)
+
+
+def test_presets_and_an_impossible_skip_set():
+    at = goto(app(), "skip_set")
+    at.button(key="skipset.interleaved").click().run()
+    assert at.session_state["lab.skip"] == tuple(range(2, 30, 3))
+    at.button(key="skipset.none").click().run()
+    assert at.session_state["lab.skip"] == ()
+    at.pills(key="skipset.pills").set_value(list(range(30))).run()  # every layer: impossible
+    assert not at.exception
+    assert "cannot skip all 30 layers" in texts(at.error)
+    assert at.session_state["lab.skip"] == (), "a rejected set leaves the shared one unchanged"
+    at.pills(key="skipset.pills").set_value([3, 7]).run()
+    assert at.session_state["lab.skip"] == (3, 7)
+    assert "Skip set:** 3, 7" in texts(at.sidebar.markdown)
+
+
+def test_calibration_draws_importance_and_reloads_from_cache_fast():
+    at = goto(app(), "calibrate")
+    at.number_input(key="cal.n").set_value(2)
+    at.number_input(key="cal.len").set_value(8)
+    at.button(key="cal.go").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    assert "Computed in" in texts(at.success)
+    assert re.search(r"\d+ engine progress updates", texts(at.success))
+    assert len(charts(at)) == 1, "the importance chart"
+    res = at.session_state["lab.calibration"]
+    assert res.n_samples == 2 and len(res.prefill) == 30 and len(res.decode) == 30
+    # The same request again comes from the store.
+    at.button(key="cal.go").click().run()
+    msg = texts(at.success)
+    assert "Loaded from the cache" in msg
+    ms = int(re.search(r"in (\d+) ms", msg).group(1))
+    assert ms <= 1000, f"a cached calibration took {ms} ms to appear"
+    assert len(charts(at)) == 1
+    # The skip-set strip is now coloured by importance and "adaptive" is enabled.
+    goto(at, "skip_set")
+    assert not at.button(key="skipset.adaptive").disabled
+    at.button(key="skipset.adaptive").click().run()
+    assert len(at.session_state["lab.skip"]) == 10
+
+
+def test_bad_dataset_path_is_reported_where_the_user_acted():
+    at = goto(app(), "calibrate")
+    at.radio(key="cal.kind").set_value("local path").run()
+    at.text_input(key="cal.path").set_value("/nonexistent/prompts.jsonl").run()
+    at.button(key="cal.go").click().run()
+    assert not at.exception
+    assert "Cannot read the prompts" in texts(at.error)
+    assert at.title[0].value.startswith("Calibrate"), "the page keeps running"
+
+
+def test_generation_shows_both_outputs_speedup_and_call_counts():
+    at = goto(app(), "generate")
+    at.selectbox(key="gen.example").set_value("short: sky").run()
+    assert at.text_area(key="gen.prompt").value.startswith("Why is the sky blue")
+    at.number_input(key="gen.max_new").set_value(8)
+    at.button(key="gen.go").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    outputs = [m for m in at.markdown if "pop-output" in str(m.value)]
+    assert len(outputs) == 2, "full and POP outputs side by side"
+    metrics = {m.label: m.value for m in at.metric}
+    assert re.fullmatch(r"\d+\.\d\d×", metrics["Prefill speedup"])
+    assert metrics["TTFT full"].endswith("ms") and metrics["TTFT POP"].endswith("ms")
+    assert re.fullmatch(r"\d+%", metrics["Token agreement"])
+    gen = at.session_state["lab.generation"]
+    assert len(gen["full"]["token_ids"]) <= 8 and gen["other"]["token_ids"]
+    counts = gen["other"]["counts"]
+    skipped, kept = 25, 3  # default skip set 20-29
+    assert counts["prefill"]["attention"][skipped] == 0 and counts["prefill"]["k_proj"][skipped] == 1
+    assert counts["prefill"]["attention"][kept] == 1
+    assert counts["boundary"]["attention"][skipped] == 1, "x_N runs the full model"
+    assert len(charts(at)) == 3, "token arrival + two call-count heatmaps"
+    # The result survives a page switch.
+    goto(at, "overview")
+    goto(at, "generate")
+    assert len([m for m in at.markdown if "pop-output" in str(m.value)]) == 2
+
+
+def test_empty_prompt_is_an_error_not_a_crash():
+    at = goto(app(), "generate")
+    at.button(key="gen.go").click().run()
+    assert not at.exception
+    assert "the prompt is empty" in texts(at.error)
+
+
+def test_drift_page_draws_the_curves():
+    at = goto(app(), "drift")
+    at.selectbox(key="drift.example").set_value("short: arithmetic").run()
+    at.number_input(key="drift.steps").set_value(2)
+    at.button(key="drift.go").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    res = at.session_state["lab.drift"]
+    assert res.skip_layers == list(range(20, 30)) and len(res.kl) == 2
+    assert len(charts(at)) == 3, "cosine curves, heatmap, decode steps"
+    at.multiselect(key="drift.lengths").set_value([16, 32])
+    at.button(key="drift.len_go").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    assert [r["length"] for r in at.session_state["lab.drift_by_length"]] == [16, 32]
+    assert len(charts(at)) == 4
+
+
+def test_sweeps_page_loads_a_stored_sweep_beside_the_paper(embedded):
+    """A tiny ratio sweep filled into the store (as the CLI would), then loaded on the page."""
+    from pop_analysis import sweep as sw
+
+    cfg = sw.SweepConfig(dataset="builtin", n_samples=1, ratios=(0.0, 0.33), max_new_tokens=2,
+                         repeats=1, bench_tokens=16)
+    stored, _ = sw.cached_sweep(embedded, "ratio", cfg)
+    at = goto(app(), "sweeps")
+    assert "Sweeps are not available" not in texts(at.warning)
+    assert "No sweep shown yet" in texts(at.info)
+    assert len(at.dataframe) == 4, "the paper's four tables"
+    at.button(key="sw.load").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    assert len(charts(at)) == 1, "speed vs quality chart"
+    shown = at.session_state["lab.sweep"]
+    assert shown.kind == "ratio" and [r["skip_ratio"] for r in shown.rows] == \
+        [r["skip_ratio"] for r in stored.rows]
+
+
+def test_unknown_model_keeps_the_previous_one():
+    from dashboard.resources import load_log
+
+    at = app()
+    loads = len(load_log())
+    at.radio(key="w.model_source").set_value("Local directory")
+    at.text_input(key="w.model_name").set_value("/nonexistent/model_dir")
+    at.sidebar.button[0].click().run()  # the form's submit button
+    assert not at.exception
+    assert "Model not loaded" in texts(at.sidebar.error)
+    assert at.session_state["lab.model"].name == "smollm2-135m"
+    assert charts(at), "the page still renders on the previous model"
+    assert len(load_log()) == loads
+
+
+def test_unload_then_load_again():
+    from dashboard.resources import load_log
+
+    at = app()
+    loads = len(load_log())
+    at.button(key="w.unload").click().run()
+    assert not at.exception
+    assert "No model is loaded" in texts(at.info)
+    at.sidebar.button[0].click().run()  # Load model (embedded)
+    assert not at.exception
+    assert charts(at) and len(load_log()) == loads + 1
