@@ -1,0 +1,508 @@
+"""Stage-aware layer importance from virtual gates (POP §2), with baselines and skip suggestions.
+
+For each prompt a response is sampled from the model itself (the Fisher trick needs y ~ P(.|x)),
+[prompt ; response] is teacher-forced once with a gate per sample, layer and stage, loss = SUM of
+cross-entropy over the response tokens, and one backward gives dL/dg for every sample of the batch
+at once (sample b's loss depends on sample b's gates only). Importance = mean over samples of
+(dL/dg)^2. The same forward records ShortGPT's block influence; optionally an exact
+leave-one-layer-out pass on a few samples measures how well the Taylor estimate ranks layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from . import store
+from .adapter import Shape
+from .data import PromptSet, fingerprint
+from .flops import ideal_speedup
+from .gates import (DECODE, StageGates, block_influence, gated, layer_ticks, stage_map,
+                    stage_means)
+from .generate import SamplingConfig, eos_ids, encode, pick
+from .pop import check_prompt
+from .progress import Tracker
+from .skipset import preset
+
+KIND = "calibration"
+SPEEDUP_LENGTH = 512  # prompt length at which suggestions quote their ideal speedup
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """What a calibration run computes; every field but batch_size changes the result."""
+
+    n_samples: int = 16  # prompts used (the first n of the set)
+    max_new_tokens: int = 64  # sampled response length bound
+    temperature: float = 1.0  # sampling temperature (1.0: the model's own distribution)
+    top_p: float = 1.0  # nucleus mass (1.0: the model's own distribution)
+    seed: int = 0  # sample i draws from its own generator seeded from (seed, i)
+    batch_size: int = 8  # prompts per batched sample + forward + backward (speed only)
+    loo_samples: int = 0  # exact leave-one-layer-out on this many samples; 0 = off
+    raw: bool = False  # tokenise prompts as is, no chat template
+
+    def __post_init__(self):
+        if self.n_samples < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("n_samples, max_new_tokens and batch_size must be at least 1")
+        if self.loo_samples < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("need loo_samples >= 0, temperature >= 0 and 0 < top_p <= 1")
+
+
+@dataclass
+class CalibrationResult:
+    """Per-layer importance per stage, with per-sample values and baselines."""
+
+    model: str
+    dataset: str
+    n_samples: int
+    n_layers: int
+    prefill: list[float]  # mean over samples of (dL/dg_prefill)^2, per layer
+    decode: list[float]  # mean over samples of (dL/dg_decode)^2, per layer
+    prefill_std: list[float]  # std over samples, per layer
+    decode_std: list[float]
+    prefill_samples: list[list[float]]  # per sample, per layer
+    decode_samples: list[list[float]]
+    block_influence: dict  # {"prefill": [L], "decode": [L]}: mean 1 - cos(layer in, layer out)
+    loo: dict | None  # {"prefill": [L], "decode": [L]}: mean exact loss increase, g_l = 0
+    rank_corr: dict | None  # {"prefill": r, "decode": r}: Spearman, loo_taylor vs loo
+    seconds: float  # wall time of the whole run
+    samples_per_s: float  # n_samples / seconds
+    config: dict  # CalibrationConfig as a dict
+    shape: dict | None = None  # adapter.Shape as a dict (ideal speedups of suggestions)
+    fingerprint: str = ""  # sha256 of the prompt texts used (data.fingerprint)
+    prompt_tokens: list[int] = dataclasses.field(default_factory=list)  # per sample
+    response_tokens: list[int] = dataclasses.field(default_factory=list)  # per sample
+    loss: list[float] = dataclasses.field(default_factory=list)  # per sample, summed CE
+    loo_taylor: dict | None = None  # {"prefill": [L], "decode": [L]}: Taylor mean, LOO samples
+
+    def to_dict(self) -> dict:
+        return store._plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CalibrationResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A skip set derived from a calibration result."""
+
+    name: str  # "paper", "adaptive" or "threshold"
+    layers: tuple[int, ...]  # 0-indexed, sorted
+    ideal_speedup: float  # prefill FLOP ratio at SPEEDUP_LENGTH prompt tokens
+    description: str  # one line for a label
+
+
+@dataclass
+class Batch:
+    """[prompt ; response] sequences, right-padded."""
+
+    ids: torch.Tensor  # (B, T) token ids, pad 0
+    mask: torch.Tensor  # (B, T) 1 = real token
+    stages: torch.Tensor  # (B, T) gates.stage_map codes
+    prompt_lens: list[int]
+    lengths: list[int]
+
+
+def pack(prompts: list[list[int]], responses: list[list[int]], device=None) -> Batch:
+    """Right-pad [prompt ; response] sequences into one batch."""
+    seqs = [list(p) + list(r) for p, r in zip(prompts, responses)]
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)  # (B, T)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)  # (B, T)
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.tensor(s)
+        mask[b, :len(s)] = 1
+    lens = [len(s) for s in seqs]
+    plens = [len(p) for p in prompts]
+    return Batch(ids.to(device), mask.to(device), stage_map(plens, lens, width), plens, lens)
+
+
+@contextmanager
+def frozen_weights(model):
+    """No weight gradients while calibrating: backward flows to gates only (about half the cost)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def response_losses(lm, batch: Batch) -> torch.Tensor:
+    """Summed cross-entropy of each sample's response tokens under the current hooks: (B,)."""
+    adapter = lm.adapter
+    h = adapter.forward_padded(batch.ids, batch.mask)  # (B, T, D)
+    # Positions that predict a response token (CPU indices; layers may sit on several devices).
+    rows, cols = (batch.stages.cpu() == DECODE).nonzero(as_tuple=True)  # (M,), (M,)
+    logits = adapter.head(h[rows.to(h.device), cols.to(h.device)])  # (M, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 kept
+    targets = batch.ids.cpu()[rows, cols + 1].to(logits.device)  # (M,)
+    ce = torch.nn.functional.cross_entropy(logits, targets, reduction="none")  # (M,)
+    out = torch.zeros(batch.ids.shape[0], device=ce.device, dtype=ce.dtype)  # (B,)
+    return out.index_add(0, rows.to(ce.device), ce)  # (B,)
+
+
+def gate_gradients(lm, batch: Batch, influence: bool = True, tick=None) -> dict:
+    """One forward + one backward: dL/dg per sample, layer and stage, plus block influence.
+
+    Returns {"prefill": (B, L), "decode": (B, L), "loss": (B,), and when influence is on
+    "bi_prefill": (B, L), "bi_decode": (B, L)}, on the CPU (float32; float64 for a float64 model).
+    tick(message), when given, hears each layer of the forward and of the backward.
+    """
+    adapter = lm.adapter
+    n, L = batch.ids.shape[0], adapter.n_layers
+    dtype = torch.promote_types(lm.dtype, torch.float32)  # float32 gates; float64 model: float64
+    gates = StageGates.ones(n, L, device=adapter.device, dtype=dtype)
+    with frozen_weights(lm.model), torch.enable_grad():
+        with gated(adapter, gates, batch.stages), _maybe_influence(adapter, influence) as bi, \
+                layer_ticks(adapter, tick or _silent):
+            loss = response_losses(lm, batch)  # (B,)
+            loss.sum().backward()  # per-sample gates only see their own sample's loss
+    out = {"prefill": gates.prefill.grad.detach().cpu(), "decode": gates.decode.grad.detach().cpu(),
+           "loss": loss.detach().cpu()}  # (B, L), (B, L), (B,)
+    if influence:
+        pairs = [stage_means(bi[i].cpu(), batch.stages) for i in range(L)]  # L x ((B,), (B,))
+        out["bi_prefill"] = torch.stack([p for p, _ in pairs], dim=1)  # (B, L)
+        out["bi_decode"] = torch.stack([d for _, d in pairs], dim=1)  # (B, L)
+    return out
+
+
+def _silent(message: str) -> None:
+    pass
+
+
+def _throttled(tracker: Tracker, every_s: float = 0.5):
+    """A tick(message) that forwards to the tracker at most every `every_s` seconds."""
+    last = [time.perf_counter()]
+
+    def tick(message: str) -> None:
+        now = time.perf_counter()
+        if now - last[0] >= every_s:
+            last[0] = now
+            tracker.step(0, message)
+    return tick
+
+
+@contextmanager
+def _maybe_influence(adapter, on: bool):
+    if not on:
+        yield None
+        return
+    with block_influence(adapter) as record:
+        yield record
+
+
+@torch.no_grad()
+def leave_one_out(lm, prompt: list[int], response: list[int], rows_per_pass: int = 16) -> dict:
+    """Exact loss increase when one layer's gate is 0 in one stage.
+
+    Returns {"prefill": (L,), "decode": (L,)}.
+
+    Row 0 is the full model, rows 1..L zero one prefill gate, rows L+1..2L one decode gate; the
+    rows run as a batch of copies of the same sequence.
+    """
+    L = lm.adapter.n_layers
+    single = pack([prompt], [response], lm.adapter.device)
+    g = StageGates.ones(2 * L + 1, L, device=lm.adapter.device, requires_grad=False)
+    idx = torch.arange(L)  # (L,)
+    g.prefill[1 + idx, idx] = 0.0
+    g.decode[1 + L + idx, idx] = 0.0
+    losses = []
+    for lo in range(0, 2 * L + 1, rows_per_pass):
+        hi = min(lo + rows_per_pass, 2 * L + 1)
+        part = StageGates(g.prefill[lo:hi], g.decode[lo:hi])
+        rep = Batch(single.ids.expand(hi - lo, -1), single.mask.expand(hi - lo, -1),
+                    single.stages.expand(hi - lo, -1), single.prompt_lens, single.lengths)
+        with gated(lm.adapter, part, rep.stages):
+            losses.append(response_losses(lm, rep).cpu())  # (R,)
+    loss = torch.cat(losses)  # (2L+1,)
+    return {"prefill": loss[1:L + 1] - loss[0], "decode": loss[L + 1:] - loss[0]}
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """Sample i's own generator seed: results do not depend on how samples are batched."""
+    return (seed * 1_000_003 + index) % (2 ** 63)
+
+
+@torch.inference_mode()
+def sample_responses(lm, prompts: list[list[int]], seeds: list[int], cfg: CalibrationConfig,
+                     on_step=None) -> list[list[int]]:
+    """Sample one response per prompt from the full model, as a left-padded batch with a cache.
+
+    Row b draws with its own generator (seeds[b]) through generate.pick, so a row's tokens are those
+    batch-1 sampling with that seed gives (up to float rounding of the padded batch).
+    A response ends after an EOS token (kept) or max_new_tokens.
+    """
+    adapter = lm.adapter
+    dev = adapter.device
+    scfg = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                          top_p=cfg.top_p)
+    gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], device=dev)  # (B, N)
+    real = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    mask = torch.tensor(real, device=dev)  # (B, N)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, N)
+    cache = adapter.new_cache()
+    h = adapter.forward_padded(ids, mask, pos, cache)  # (B, N, D)
+    stop = eos_ids(lm)
+    out: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    last = pos[:, -1:]  # (B, 1)
+    for step in range(cfg.max_new_tokens):
+        logits = adapter.head(h[:, -1, :]).float().cpu()  # (B, V)
+        nxt = torch.zeros(len(prompts), 1, dtype=torch.long)  # (B, 1)
+        for b in range(len(prompts)):
+            if not done[b]:
+                nxt[b, 0] = pick(logits[b:b + 1], scfg, gens[b])[0, 0]
+                out[b].append(int(nxt[b, 0]))
+                done[b] = int(nxt[b, 0]) in stop
+        if on_step is not None:
+            on_step(step)
+        if all(done) or step + 1 == cfg.max_new_tokens:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, S+1)
+        last = last + 1  # (B, 1)
+        h = adapter.forward_padded(nxt.to(dev), mask, last, cache)  # (B, 1, D)
+    return out
+
+
+def encode_prompts(lm, prompts: PromptSet, cfg: CalibrationConfig) -> list[list[int]]:
+    if lm.tokenizer is None:
+        raise ValueError(f"model {lm.name} has no tokenizer: calibrate it from token ids "
+                         "(calibrate_ids)")
+    return [encode(lm, text, raw=cfg.raw) for text in prompts.prompts[:cfg.n_samples]]
+
+
+def calibrate(lm, prompts: PromptSet, cfg: CalibrationConfig = CalibrationConfig(),
+              progress=None) -> CalibrationResult:
+    """Stage-aware importance of every layer over the first cfg.n_samples prompts of a set."""
+    t0 = time.perf_counter()
+    ids = encode_prompts(lm, prompts, cfg)
+    return calibrate_ids(lm, ids, cfg, progress, dataset=prompts.name,
+                         fingerprint=used_fingerprint(prompts, cfg), t0=t0)
+
+
+def used_fingerprint(prompts: PromptSet, cfg: CalibrationConfig) -> str:
+    """Fingerprint of the prompts a run uses (the first n), however long the loaded set was."""
+    return fingerprint(prompts.prompts[:cfg.n_samples])
+
+
+def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = CalibrationConfig(),
+                  progress=None, dataset: str = "token ids", fingerprint: str = "",
+                  t0: float | None = None) -> CalibrationResult:
+    """calibrate() on prompts given as token ids (models without a tokenizer, tests)."""
+    t0 = time.perf_counter() if t0 is None else t0
+    prompt_ids = [list(p) for p in prompt_ids[:cfg.n_samples]]
+    if not prompt_ids:
+        raise ValueError("no prompts to calibrate on")
+    for p in prompt_ids:
+        check_prompt(lm.adapter, len(p), cfg.max_new_tokens)
+    n = len(prompt_ids)
+    n_loo = min(cfg.loo_samples, n)
+    tracker = Tracker(n + n_loo, progress, "sampling responses")
+    responses, grads = _taylor_pass(lm, prompt_ids, cfg, tracker)
+    loo = None
+    if n_loo:
+        loo = _loo_pass(lm, prompt_ids, responses, n_loo, 2 * cfg.batch_size, tracker)
+    seconds = time.perf_counter() - t0
+    return _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_loo, seconds)
+
+
+def _taylor_pass(lm, prompt_ids, cfg: CalibrationConfig, tracker: Tracker):
+    """Batches of similar prompt length: sample, then one forward + backward each."""
+    n, L = len(prompt_ids), lm.adapter.n_layers
+    order = sorted(range(n), key=lambda i: len(prompt_ids[i]))  # less padding per batch
+    batches = [order[i:i + cfg.batch_size] for i in range(0, n, cfg.batch_size)]
+    responses: list[list[int]] = [[] for _ in range(n)]
+    keys = ("prefill", "decode", "loss", "bi_prefill", "bi_decode")
+    grads = {k: torch.zeros(n, L) if k != "loss" else torch.zeros(n) for k in keys}
+    for j, idx in enumerate(batches):
+        head = f"batch {j + 1}/{len(batches)}"
+        tick = _throttled(tracker)
+        tracker.step(0, f"{head}: sampling")
+        part = sample_responses(lm, [prompt_ids[i] for i in idx],
+                                [sample_seed(cfg.seed, i) for i in idx], cfg,
+                                lambda step: tick(f"{head}: sampling token {step + 1}"))
+        tracker.step(0, f"{head}: gradients")
+        batch = pack([prompt_ids[i] for i in idx], part, lm.adapter.device)
+        g = gate_gradients(lm, batch, tick=lambda m: tick(f"{head}: {m}"))
+        for k in keys:
+            grads[k][idx] = g[k]
+        for i, r in zip(idx, part):
+            responses[i] = r
+        tracker.step(len(idx), f"batch {j + 1}/{len(batches)} done")
+    return responses, grads
+
+
+def _loo_pass(lm, prompt_ids, responses, n_loo: int, rows_per_pass: int, tracker: Tracker) -> dict:
+    rows = []
+    for i in range(n_loo):
+        tracker.step(0, f"leave-one-out sample {i + 1}/{n_loo}")
+        rows.append(leave_one_out(lm, prompt_ids[i], responses[i], rows_per_pass))
+        tracker.step(1)
+    return {k: torch.stack([r[k] for r in rows]) for k in ("prefill", "decode")}  # (K, L) each
+
+
+def _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_loo, seconds):
+    sq_p = grads["prefill"].double() ** 2  # (n, L)
+    sq_d = grads["decode"].double() ** 2  # (n, L)
+    loo_out = corr = taylor = None
+    if loo is not None:  # rank the same samples both ways
+        loo_out = {k: loo[k].double().mean(0).tolist() for k in ("prefill", "decode")}
+        taylor = {"prefill": sq_p[:n_loo].mean(0).tolist(), "decode": sq_d[:n_loo].mean(0).tolist()}
+        corr = {k: spearman(taylor[k], loo_out[k]) for k in ("prefill", "decode")}
+    n = len(prompt_ids)
+    return CalibrationResult(
+        model=lm.name, dataset=dataset, n_samples=n, n_layers=lm.adapter.n_layers,
+        prefill=sq_p.mean(0).tolist(), decode=sq_d.mean(0).tolist(),
+        prefill_std=sq_p.std(0, correction=0).tolist(),
+        decode_std=sq_d.std(0, correction=0).tolist(),
+        prefill_samples=sq_p.tolist(), decode_samples=sq_d.tolist(),
+        block_influence={"prefill": grads["bi_prefill"].double().mean(0).tolist(),
+                         "decode": grads["bi_decode"].double().mean(0).tolist()},
+        loo=loo_out, rank_corr=corr, seconds=seconds, samples_per_s=n / seconds if seconds else 0.0,
+        config=dataclasses.asdict(cfg), shape=dataclasses.asdict(lm.adapter.shape),
+        fingerprint=fingerprint, prompt_tokens=[len(p) for p in prompt_ids],
+        response_tokens=[len(r) for r in responses], loss=grads["loss"].double().tolist(),
+        loo_taylor=taylor)
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman rank correlation with average ranks for ties; None when either side is constant."""
+    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    den = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
+    return float((ra * rb).sum()) / den if den > 0 else None
+
+
+def _ranks(x: list[float]) -> torch.Tensor:
+    v = torch.tensor(x, dtype=torch.float64)  # (L,)
+    order = torch.argsort(v, stable=True)
+    ranks = torch.empty_like(v)
+    ranks[order] = torch.arange(len(v), dtype=torch.float64)
+    for val in torch.unique(v):  # ties share their mean rank
+        tie = v == val
+        ranks[tie] = ranks[tie].mean()
+    return ranks
+
+
+# --- skip-set suggestions -------------------------------------------------------------------
+
+def suggest_skip(result: CalibrationResult, n_skip: int | None = None,
+                 contiguous_tail: bool = False,
+                 threshold: float | None = None) -> dict[str, Suggestion]:
+    """Skip sets from a result: "paper" (last third), "adaptive" (k lowest prefill importance,
+    k defaulting to the paper's count) and, when a threshold is given, "threshold" (every layer
+    whose prefill importance is below it; absolute, in the units of result.prefill).
+
+    contiguous_tail keeps each set one contiguous block, so POP's independent K/V projections all
+    read the same hidden state as in the paper: "adaptive" becomes the block of k layers with the
+    lowest summed prefill importance, "threshold" the longest run of layers under the threshold
+    that ends at the last layer. No set holds every layer.
+    """
+    L = result.n_layers
+    imp = [float(x) for x in result.prefill]
+    paper = preset("paper", L)
+    k = len(paper) if n_skip is None else int(n_skip)
+    if not 0 <= k < L:
+        raise ValueError(f"n_skip must be in 0..{L - 1} for a {L}-layer model, got {k}")
+    if contiguous_tail:
+        adaptive, how = _lowest_block(imp, k), f"the contiguous block of {k} layers"
+    else:
+        adaptive, how = _lowest(imp, k), f"the {k} layers"
+    out = {"paper": _suggestion(result, "paper", paper,
+                                "last third of the layers (the paper's default)"),
+           "adaptive": _suggestion(result, "adaptive", adaptive,
+                                   f"{how} with the lowest prefill importance")}
+    if threshold is not None:
+        under = [i for i in range(L) if imp[i] < threshold]
+        if contiguous_tail:
+            under = _tail_run(under, L)
+        if len(under) == L:  # at least one layer must run in prefill
+            under.remove(max(under, key=lambda i: (imp[i], -i)))
+        out["threshold"] = _suggestion(result, "threshold", under,
+                                       f"layers with prefill importance below {threshold:g}")
+    return out
+
+
+def _lowest(imp: list[float], k: int) -> list[int]:
+    """The k lowest; among equal values the deeper layer first (POP prunes deep layers)."""
+    return sorted(sorted(range(len(imp)), key=lambda i: (imp[i], -i))[:k])
+
+
+def _lowest_block(imp: list[float], k: int) -> list[int]:
+    if k == 0:
+        return []
+    starts = range(len(imp) - k + 1)
+    best = min(starts, key=lambda s: (sum(imp[s:s + k]), -s))
+    return list(range(best, best + k))
+
+
+def _tail_run(layers: list[int], L: int) -> list[int]:
+    chosen, i = set(layers), L - 1
+    while i in chosen:
+        i -= 1
+    return list(range(i + 1, L))
+
+
+def _suggestion(result: CalibrationResult, name: str, layers, description: str) -> Suggestion:
+    layers = tuple(sorted(int(i) for i in layers))
+    names = {f.name for f in dataclasses.fields(Shape)}
+    if result.shape and names <= set(result.shape):
+        shape = Shape(**{k: result.shape[k] for k in names})
+        speed = ideal_speedup(shape, SPEEDUP_LENGTH, layers)
+    else:  # no usable shape stored: the layer-count ratio, as the paper quotes it
+        speed = result.n_layers / (result.n_layers - len(layers))
+    return Suggestion(name, layers, float(speed), description)
+
+
+# --- results store ---------------------------------------------------------------------------
+
+def cache_params(lm, prompts: PromptSet, cfg: CalibrationConfig) -> dict:
+    """What determines a result: model, data, configuration (batch size only changes speed)."""
+    card = lm.card()
+    conf = dataclasses.asdict(cfg)
+    conf.pop("batch_size")
+    conf["n_samples"] = min(cfg.n_samples, len(prompts.prompts))
+    return {"model": lm.name, "card": card, "dataset": prompts.name,
+            "fingerprint": used_fingerprint(prompts, cfg), "n_samples": conf["n_samples"],
+            "seed": cfg.seed, "config": conf}
+
+
+def cached_calibration(lm, prompts: PromptSet, cfg: CalibrationConfig = CalibrationConfig(),
+                       use_cache: bool = True, progress=None) -> tuple[CalibrationResult, bool]:
+    """(result, was_cache_hit); a miss (or an unreadable entry) computes and stores the result."""
+    params = cache_params(lm, prompts, cfg)
+    key = store.make_key(params)
+    if use_cache:
+        hit = load_calibration(key)
+        if hit is not None:
+            return hit, True
+    result = calibrate(lm, prompts, cfg, progress)
+    store.save(KIND, key, result.to_dict(), params)
+    return result, False
+
+
+def list_calibrations() -> list[dict]:
+    """Stored calibrations, newest first: {key, saved_at, params}."""
+    return store.entries(KIND)
+
+
+def load_calibration(key: str) -> CalibrationResult | None:
+    """A stored result, or None when missing or unreadable."""
+    payload = store.load(KIND, key)
+    if payload is None:
+        return None
+    try:
+        return CalibrationResult.from_dict(payload)
+    except (TypeError, ValueError, AttributeError):
+        return None
