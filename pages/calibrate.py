@@ -99,7 +99,9 @@ if res.rank_corr:
 if res.loo:
     cols = st.columns(2)
     for col, stage in zip(cols, ("prefill", "decode")):
-        col.plotly_chart(charts.rank_scatter(getattr(res, stage), res.loo[stage], stage),
+        # Taylor means over the same samples as the exact run, as rank_corr compares them.
+        taylor = (res.loo_taylor or {}).get(stage) or getattr(res, stage)
+        col.plotly_chart(charts.rank_scatter(taylor, res.loo[stage], stage),
                          key=f"cal.rank.{stage}")
 
 sugg = cal.suggest_skip(res)

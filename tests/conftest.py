@@ -2,6 +2,10 @@ import os
 import sys
 from pathlib import Path
 
+# OpenMP threads busy-wait by default; beside a test's own server process on 2 cores that
+# slows every forward several-fold. Tests measure no speed, so let idle threads sleep.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest
 import torch
 
