@@ -1,0 +1,41 @@
+"""Run lm-evaluation-harness with the POP model "pop-hf" registered (args go to lm-eval)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXAMPLE = ("example: python -m pop_analysis lm_eval run --model pop-hf --model_args "
+           "pretrained=smollm2-135m,skip_ratio=0.33 --tasks arc_easy --limit 20 "
+           "(or put '--' before lm-eval's own options)")
+
+
+def add_arguments(p) -> None:
+    p.epilog = EXAMPLE
+    p.add_argument("harness_args", nargs=argparse.REMAINDER,
+                   help="lm-eval's arguments, starting with its subcommand (run, ls, validate) "
+                        "or after '--'")
+
+
+def harness_argv(args) -> list[str]:
+    rest = list(args.harness_args)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if not rest:
+        raise ValueError(f"give lm-eval's arguments; {EXAMPLE}")
+    return rest
+
+
+def run(args) -> int:
+    rest = harness_argv(args)
+    from .. import lm_eval_model  # noqa: F401 - importing registers "pop-hf"
+    from lm_eval.__main__ import cli_evaluate
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *rest]  # lm-eval's parser reads sys.argv (and inserts "run" if absent)
+    try:
+        cli_evaluate()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0

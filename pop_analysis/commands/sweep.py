@@ -1,0 +1,128 @@
+"""Sweep skip ratios, ablations, prompt lengths or adaptive skip sets (the paper's tables)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..progress import terminal_bar
+from ..sweep import KINDS, SweepConfig, SweepError, cached_sweep, write_csv
+from ._common import add_model_args, emit_json, load, quiet_hf
+
+SHOWN = ["kind", "variant", "skip_ratio", "length", "prefill_speedup", "ideal_speedup",
+         "continuation_nll", "greedy_agreement", "exact_match", "retrieval_acc"]
+
+
+def add_arguments(p) -> None:
+    add_model_args(p)
+    p.add_argument("--kind", default="auto", choices=("auto", "all") + KINDS,
+                   help="which sweep; auto runs those whose option is given (ratio when none)")
+    p.add_argument("--dataset", default="gsm8k",
+                   help="gsm8k, wizardlm, selfinstruct, retrieval[:LENGTH], builtin or a .jsonl file")
+    p.add_argument("--samples", type=int, default=8, help="evaluation items")
+    p.add_argument("--ratios", default=None, help="comma list, e.g. 0,0.2,0.25,0.33,0.4,0.5,0.6")
+    p.add_argument("--variants", default=None,
+                   help="comma list of full,pop,shallow,interleaved,pop_no_kv,pop_no_boundary,static")
+    p.add_argument("--lengths", default=None, help="comma list of prompt lengths, e.g. 32,128,512,2048")
+    p.add_argument("--calibration", default=None,
+                   help="store key of a calibration (or a JSON file with a 'prefill' list): "
+                        "adds the adaptive-vs-contiguous sweep")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="greedy tokens compared")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per speedup (median)")
+    p.add_argument("--bench-tokens", type=int, default=512, help="prompt length of the timed speedup")
+    p.add_argument("--task-accuracy", action="store_true", help="also score GSM8K exact match")
+    p.add_argument("--seed", type=int, default=0, help="retrieval task seed")
+    p.add_argument("--csv", default=None, metavar="PATH", help="also write the rows as CSV")
+    p.add_argument("--no-cache", action="store_true", help="recompute even when cached")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _floats(text, flag):
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SweepError(f"{flag} must be comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text, flag):
+    vals = _floats(text, flag)
+    if any(v != int(v) or v < 1 for v in vals):
+        raise SweepError(f"{flag} must be positive integers, got {text!r}")
+    return tuple(int(v) for v in vals)
+
+
+def config_from_args(args) -> SweepConfig:
+    if args.samples < 1 or args.repeats < 1 or args.max_new_tokens < 1 or args.bench_tokens < 2:
+        raise SweepError("--samples, --repeats and --max-new-tokens must be >= 1, --bench-tokens >= 2")
+    kw = {}
+    if args.ratios:
+        kw["ratios"] = _floats(args.ratios, "--ratios")
+    if args.variants:
+        kw["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    if args.lengths:
+        kw["lengths"] = _ints(args.lengths, "--lengths")
+    return SweepConfig(dataset=args.dataset, n_samples=args.samples,
+                       max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                       bench_tokens=args.bench_tokens, task_accuracy=args.task_accuracy,
+                       seed=args.seed, **kw)
+
+
+def kinds_from_args(args) -> list[str]:
+    if args.kind == "all":
+        return ["ratio", "ablation", "length"] + (["adaptive"] if args.calibration else [])
+    if args.kind != "auto":
+        return [args.kind]
+    picked = [k for k, opt in (("ratio", args.ratios), ("ablation", args.variants),
+                               ("length", args.lengths), ("adaptive", args.calibration)) if opt]
+    return picked or ["ratio"]
+
+
+def load_calibration_arg(text: str | None):
+    """A calibration payload from the store (by key) or a JSON file."""
+    if text is None:
+        return None
+    path = Path(text).expanduser()
+    if path.is_file():
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise SweepError(f"{path}: not valid JSON ({e})") from None
+    from .. import store
+
+    payload = store.load("calibration", text)
+    if payload is None:
+        raise SweepError(f"no calibration {text!r}: not a JSON file nor a key in the store")
+    return payload
+
+
+def run(args) -> int:
+    quiet_hf()
+    cfg = config_from_args(args)
+    kinds = kinds_from_args(args)
+    calibration = load_calibration_arg(args.calibration)
+    if "adaptive" in kinds and calibration is None:
+        raise SweepError("the adaptive sweep needs --calibration KEY_OR_FILE")
+    lm = load(args)
+    bar = None if args.quiet or args.json else terminal_bar
+    results, out = [], {"model": lm.name, "rows": [], "sweeps": []}
+    for kind in kinds:
+        res, hit = cached_sweep(lm, kind, cfg, not args.no_cache, bar, calibration)
+        results.append(res)
+        out["rows"].extend(res.rows)
+        out["sweeps"].append({"kind": kind, "cached": hit, "seconds": res.seconds,
+                              "data": res.data, "threads": res.threads, "device": res.device,
+                              "config": res.config})
+        if not args.json:
+            _print(res, hit)
+    if args.csv:
+        write_csv(results, args.csv)
+    if args.json:
+        emit_json(out)
+    return 0
+
+
+def _print(res, hit: bool) -> None:
+    df = res.to_frame()
+    cols = [c for c in SHOWN if c in df.columns and df[c].notna().any()]
+    print(f"\n{res.kind} sweep on {res.model} ({res.data}; {res.threads} threads; "
+          f"{'cached' if hit else f'{res.seconds:.0f} s'})")
+    print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))

@@ -1,0 +1,196 @@
+"""Quality metrics with POP semantics: known answers on tiny models, data errors, retrieval task."""
+import json
+
+import pytest
+import torch
+
+from pop_analysis.evaluate import (EvalDataError, EvalItem, agreement, answer_matches, choose,
+                                   evaluate_items, extract_answer, full_references, greedy_tokens,
+                                   gsm8k_gold, load_eval_set, read_records, score_continuations)
+from pop_analysis.models import model_from_hf
+from pop_analysis.pop import decode_step, run_prompt
+from pop_analysis.retrieval import RetrievalConfig, RetrievalError, retrieval_items
+from tiny import tiny_model, tiny_prompt
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(embedded):
+    return embedded.tokenizer
+
+
+def forced_model(tokenizer, text: str = "7"):
+    """A tiny model whose lm_head always picks the token of `text` (bias only, by a margin)."""
+    (token,) = tokenizer(text, add_special_tokens=False)["input_ids"]
+    lm = tiny_model("llama", vocab_size=len(tokenizer))
+    head = torch.nn.Linear(64, len(tokenizer), bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[token] = 30.0
+    lm.model.lm_head = head
+    return model_from_hf(lm.model, tokenizer, name="forced"), token
+
+
+def test_full_nll_equals_hf_forward(lm):
+    prompt, cont = tiny_prompt(9), tiny_prompt(6, seed=2)
+    got = score_continuations(lm, prompt, [cont], "full")[0]
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([prompt + cont])).logits[0].float()  # (N+M, V)
+    lp = torch.log_softmax(logits[len(prompt) - 1:-1], -1)  # (M, V)
+    ref = lp.gather(1, torch.tensor(cont)[:, None])[:, 0]
+    diff = (torch.tensor(got.logprobs) - ref).abs().max().item()
+    assert diff < 1e-4, f"max_diff {diff}"
+    assert got.argmax == lp.argmax(-1).tolist()
+
+
+def test_pop_scores_match_step_by_step_decode(lm):
+    a, skip = lm.adapter, (3, 4, 5)
+    prompt, cont = tiny_prompt(10), tiny_prompt(5, seed=3)
+    got = score_continuations(lm, prompt, [cont], "pop", skip)[0].logprobs
+    first = run_prompt(a, torch.tensor([prompt]), "pop", skip)
+    ref, logits, pos = [], first.logits, first.position
+    for tok in cont:
+        ref.append(torch.log_softmax(logits[0], -1)[tok].item())
+        logits = decode_step(a, torch.tensor([[tok]]), first.cache, pos)
+        pos += 1
+    diff = max(abs(x - y) for x, y in zip(got, ref))
+    assert diff < 1e-4, f"max_diff {diff}"
+    full = score_continuations(lm, prompt, [cont], "full")[0].logprobs
+    assert max(abs(x - y) for x, y in zip(got, full)) > 1e-4, "pruning the prefill changed nothing"
+
+
+def test_pop_with_empty_skip_scores_like_full(lm):
+    prompt, cont = tiny_prompt(8), tiny_prompt(4, seed=5)
+    pop = score_continuations(lm, prompt, [cont], "pop", ())[0].logprobs
+    full = score_continuations(lm, prompt, [cont], "full", ())[0].logprobs
+    assert max(abs(x - y) for x, y in zip(pop, full)) < 1e-4
+
+
+@pytest.mark.parametrize("variant", ["pop", "pop_no_kv", "static"])
+def test_shared_prefill_equals_separate_calls(lm, variant):
+    prompt = tiny_prompt(9)
+    conts = [tiny_prompt(4, seed=s) for s in (6, 7, 8)]
+    together = score_continuations(lm, prompt, conts, variant, (4, 5))
+    for c, s in zip(conts, together):
+        alone = score_continuations(lm, prompt, [c], variant, (4, 5))[0]
+        assert max(abs(x - y) for x, y in zip(s.logprobs, alone.logprobs)) < 1e-5
+
+
+def test_full_agreement_with_itself_is_one(lm):
+    items = [EvalItem(tuple(tiny_prompt(8, seed=s))) for s in range(3)]
+    refs = full_references(lm, items, 6)
+    s = evaluate_items(lm, items, "full", (), refs, 6)
+    assert (s.greedy_agreement, s.sequence_exact, s.first_divergence) == (1.0, 1.0, None)
+    assert s.teacher_forced_top1 == 1.0  # the reference is the full model's own greedy output
+    shallow = evaluate_items(lm, items, "pop", (0, 1, 2), refs, 6)
+    assert shallow.greedy_agreement < 1.0 and shallow.continuation_nll > s.continuation_nll
+
+
+def test_agreement_cases():
+    assert agreement([1, 2, 3], [1, 2, 3]) == agreement([], []) == agreement([5], [5])
+    a = agreement([1, 2, 3, 4], [1, 2, 9, 4])
+    assert (a.match_rate, a.first_divergence, a.exact) == (0.75, 2, False)
+    b = agreement([1, 2, 3, 4], [1, 2])  # stopped early: the missing tokens count as mismatches
+    assert (b.match_rate, b.first_divergence) == (0.5, 2)
+
+
+def test_forced_model_scores_100_percent(tokenizer):
+    lm, seven = forced_model(tokenizer)
+    prompt = tokenizer("Question: what is seven sevens?", add_special_tokens=False)["input_ids"]
+    for variant, skip in (("full", ()), ("pop", (3, 4, 5)), ("static", (4, 5))):
+        assert greedy_tokens(lm, prompt, variant, skip, 5) == [seven] * 5
+    item = EvalItem(tuple(prompt), (seven,) * 4, answer="7777777")
+    refs = full_references(lm, [item], 7)
+    s = evaluate_items(lm, [item], "pop", (3, 4, 5), refs, 7)
+    assert s.answer_accuracy == 1.0 and s.greedy_agreement == 1.0
+    assert s.continuation_nll < 1e-6 and s.teacher_forced_top1 == 1.0
+    other = tokenizer("8", add_special_tokens=False)["input_ids"]
+    best, scores = choose(lm, prompt, [other * 2, [seven] * 2, other + [seven]], "pop", (3, 4, 5))
+    assert best == 1 and scores[0] < scores[2] < scores[1]
+    wrong = EvalItem(tuple(prompt), (seven,), answer="8")
+    assert evaluate_items(lm, [wrong], "full", (), refs, 7).answer_accuracy == 0.0
+
+
+def test_gsm8k_answers():
+    assert gsm8k_gold("so 9 * 2 = 18\n#### 1,800") == "1800"
+    assert extract_answer("The answer is 42.") == "42"
+    assert extract_answer("3 apples ... #### $18.00 and 4") == "18"
+    assert extract_answer("The pass code is 4821. Not 1234.", first=True) == "4821"
+    assert extract_answer("no digits here") is None
+    assert answer_matches("we get 7.0", "7") and not answer_matches("we get 7", "8")
+    with pytest.raises(EvalDataError, match="####"):
+        gsm8k_gold("no marker")
+
+
+def test_gsm8k_set_from_shared_file(embedded, shared_data):
+    s = load_eval_set(embedded, "gsm8k", limit=3)
+    assert s.kind == "gsm8k" and len(s.items) == 3 and s.items[0].answer == "18"
+    assert embedded.tokenizer.decode(list(s.items[0].reference_ids)).endswith("#### 18")
+    w = load_eval_set(embedded, "wizardlm", limit=2)
+    assert w.kind == "prompts" and w.items[0].reference_ids == ()
+
+
+@pytest.mark.parametrize("content, suffix, message", [
+    ('{"question": "a"}\n{not json}\n', ".jsonl", "line 2"),
+    ('{"answer": "#### 3"}\n', ".jsonl", "no prompt field"),
+    ('[1, 2]', ".json", "list of objects"),
+    ('', ".jsonl", "holds no records"),
+    ('a,b\n', ".csv", "unsupported file type"),
+])
+def test_bad_data_files(tmp_path, embedded, content, suffix, message):
+    path = tmp_path / f"bad{suffix}"
+    path.write_text(content)
+    with pytest.raises(EvalDataError, match=message):
+        load_eval_set(embedded, str(path))
+
+
+def test_missing_and_unknown_sets(embedded, tmp_path):
+    with pytest.raises(EvalDataError, match="not found"):
+        read_records(tmp_path / "nope.jsonl")
+    with pytest.raises(EvalDataError, match="unknown data set"):
+        load_eval_set(embedded, "gsm9k")
+    with pytest.raises(EvalDataError, match="positive"):
+        load_eval_set(embedded, "gsm8k", limit=0)
+
+
+def test_local_file_with_references(tmp_path, embedded):
+    path = tmp_path / "qa.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"Say {w}", "response": w})
+                              for w in ("yes", "no")) + "\n")
+    s = load_eval_set(embedded, str(path))
+    assert [embedded.tokenizer.decode(list(i.reference_ids)) for i in s.items] == ["yes", "no"]
+    assert s.fingerprint == load_eval_set(embedded, str(path)).fingerprint
+
+
+def test_retrieval_items_are_deterministic_and_hold_the_needle(embedded):
+    cfg = RetrievalConfig(n_items=3, length=300, depths=(0.0, 0.5, 1.0))
+    a, b = retrieval_items(embedded, cfg), retrieval_items(embedded, cfg)
+    assert a == b
+    tok = embedded.tokenizer
+    for item in a:
+        key, code = item.meta["key"], item.answer
+        assert f"The pass code for the {key} is {code}." in item.text
+        assert tok.decode(list(item.reference_ids)).strip() == code
+        assert abs(len(item.prompt_ids) - 300) < 20, len(item.prompt_ids)
+        # the prompt ends with the answer's first words, so the code comes next
+        assert tok.decode(list(item.prompt_ids[-6:])).rstrip().endswith(f"{key} is")
+        assert tok.decode(list(item.reference_ids[:1])) == code[0]  # digits come first
+    sentences = [it.text.split("\n\n")[1].split(". ") for it in a]
+    at = [next(i for i, s in enumerate(ss) if a[k].meta["key"] in s)
+          for k, ss in enumerate(sentences)]
+    assert at[0] < at[1] < at[2], at  # depth 0, 0.5, 1 of the notes
+    other = retrieval_items(embedded, RetrievalConfig(n_items=3, length=300, seed=1))
+    assert [i.answer for i in other] != [i.answer for i in a]
+
+
+def test_retrieval_rejects_impossible_configs(embedded, lm):
+    with pytest.raises(RetrievalError, match="at least"):
+        retrieval_items(embedded, RetrievalConfig(length=40))
+    with pytest.raises(RetrievalError, match="depths"):
+        retrieval_items(embedded, RetrievalConfig(depths=(1.5,)))
+    with pytest.raises(RetrievalError, match="no tokenizer"):
+        retrieval_items(lm, RetrievalConfig())
