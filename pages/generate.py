@@ -113,7 +113,10 @@ if res:
                     key="gen.arrival")
     st.subheader("What ran: calls per layer and stage")
     st.caption("Skipped layers show 0 attention/FFN calls in prefill but one k_proj call (the "
-               "independent K/V projection); x_N (boundary) and decode run every layer.")
+               "independent K/V projection). x_N (boundary) runs every layer: those below the "
+               "first skipped layer within the prompt's pass (their inputs are identical in "
+               "both paths, so the result is exact), the rest in the boundary step. Decode runs "
+               "every layer.")
     for r, title in ((full, "full model"), (other, res["label"])):
         st.plotly_chart(charts.call_counts_heatmap(r["counts"], f"Calls: {title}"),
                         key=f"gen.counts.{r['variant']}.{title}")

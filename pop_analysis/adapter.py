@@ -183,7 +183,13 @@ class DecoderAdapter:
         return pos[:, start:start + length]  # (B, T)
 
     def rotary(self, h: torch.Tensor, pos: torch.Tensor):
-        """cos, sin (B, T, Dh); a dict of them by layer type where layers use different ropes."""
+        """cos, sin (B, T, Dh); a dict of them by layer type where layers use different ropes.
+
+        h only lends its dtype (the rotary module reads no values), so a layer on another
+        device, even `meta`, costs no copy.
+        """
+        h = torch.empty((1, 1, 1), dtype=h.dtype, device=self.device)  # dtype probe
+        pos = pos.to(self.device)
         if self._rope_keys[0] is None:
             return self.base.rotary_emb(h, position_ids=pos)  # cos, sin: (B, T, Dh)
         return {t: self.base.rotary_emb(h, pos, t) for t in set(self._rope_keys)}

@@ -59,20 +59,28 @@ def prefill(adapter: DecoderAdapter, ids: torch.Tensor, cache, skip=(), skip_mod
 
 def _stack(adapter: DecoderAdapter, ids, cache, skip, skip_mode, start,
            attention_mask=None) -> torch.Tensor:
-    """The layer loop shared by prefill and teacher forcing; returns every position (B, T, D).
+    """The layer loop shared by prefill and teacher forcing; returns every position (B, T, D)."""
+    pad = padding(attention_mask, ids.shape[0], start + ids.shape[1])  # (B, start+T) or None
+    h, pos = _embed(adapter, ids, start, pad)  # (B, T, D), (B, T)
+    return _layers(adapter, h, pos, cache, skip, skip_mode, pad, range(adapter.n_layers))
+
+
+def _embed(adapter: DecoderAdapter, ids, start, pad):
+    h = adapter.embed(ids)  # (B, T, D)
+    return h, adapter.positions(start, ids.shape[1], ids.shape[0], pad)  # (B, T)
+
+
+def _layers(adapter: DecoderAdapter, h, pos, cache, skip, skip_mode, pad, layers) -> torch.Tensor:
+    """Run `layers` over the chunk h (B, T, D) at positions pos (B, T); returns (B, T, D).
 
     Each layer builds its own mask (cache lengths and sliding windows differ per layer) and
     receives h on its own device (a device_map may split the stack).
     """
     skip = frozenset(skip) if skip_mode else frozenset()
-    b, t = ids.shape
-    pad = padding(attention_mask, b, start + t)  # (B, start+T) or None
-    h = adapter.embed(ids)  # (B, T, D)
-    pos = adapter.positions(start, t, b, pad)  # (B, T)
     rope = adapter.rotary(h, pos)  # cos, sin: (B, T, Dh) (per layer type on Gemma-3)
-    for i in range(adapter.n_layers):
+    for i in layers:
         if i not in skip:
-            mask = adapter.layer_mask(i, cache, t, pad)  # (B|1, 1, T, S+T) or None
+            mask = adapter.layer_mask(i, cache, h.shape[1], pad)  # (B|1, 1, T, S+T) or None
             h = adapter.run_layer(i, h, pos, rope, cache, mask)  # (B, T, D) on layer i's device
         elif skip_mode == "kv":
             k, v = adapter.project_kv(i, h, rope)  # (B, Hkv, T, Dh) each
@@ -174,12 +182,29 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
         h = prefill(adapter, ids, cache, skip, mode, attention_mask=am)  # all N positions
         logits = adapter.logits(h)[:, -1, :].float()  # (B, V)
         return FirstStep(logits, cache, n, am)
-    if n > 1:
-        prefill(adapter, ids[:, :-1], cache, skip, mode,
-                attention_mask=None if am is None else am[:, :-1])  # x_1..x_{N-1}, pruned
-    _stage(counts, "boundary")
-    logits = decode_step(adapter, ids[:, -1:], cache, n - 1, attention_mask=am)  # x_N in full
+    logits = _pruned_prompt(adapter, ids, cache, skip, mode, am, counts)
     return FirstStep(logits, cache, n, am)
+
+
+def _pruned_prompt(adapter: DecoderAdapter, ids, cache, skip, mode, am, counts) -> torch.Tensor:
+    """POP's prompt: x_1..x_{N-1} through the pruned stack, x_N through the full one.
+
+    Layers below the first skipped one see identical inputs in both paths, so x_N rides along
+    with the prompt through them (exact, not an approximation) and the boundary step re-runs
+    only layers first_skipped..L-1: the full model's result for x_N at a third of the cost.
+    """
+    n = ids.shape[1]
+    first = min(skip, default=adapter.n_layers)
+    pad = padding(am, ids.shape[0], n)  # (B, N) or None
+    h, pos = _embed(adapter, ids, 0, pad)  # (B, N, D), (B, N)
+    h = _layers(adapter, h, pos, cache, (), None, pad, range(first))  # shared trunk, all N
+    rest = range(first, adapter.n_layers)
+    if n > 1:
+        prompt_pad = None if pad is None else pad[:, :-1]  # (B, N-1)
+        _layers(adapter, h[:, :-1], pos[:, :-1], cache, skip, mode, prompt_pad, rest)  # pruned
+    _stage(counts, "boundary")
+    h_last = _layers(adapter, h[:, -1:], pos[:, -1:], cache, (), None, pad, rest)  # x_N in full
+    return adapter.logits(h_last)[:, -1, :].float()  # (B, V)
 
 
 @torch.inference_mode()

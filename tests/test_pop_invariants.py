@@ -136,7 +136,9 @@ def test_pop_counts_per_stage(lm):
             counts=calls)
     c = calls.as_dict()
     assert c["prefill"]["ffn"] == [1, 1, 1, 1, 0, 0] and c["prefill"]["k_proj"] == [1] * 6
-    assert c["boundary"]["ffn"] == [1] * 6  # x_N runs the full model
+    # x_N shares layers 0-3 with the prompt's pass (their inputs are identical in both paths),
+    # then runs every layer from the first skipped one on in full.
+    assert c["boundary"]["ffn"] == [0, 0, 0, 0, 1, 1]
     assert c["decode"]["ffn"] == [2] * 6
 
 
