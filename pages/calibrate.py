@@ -36,7 +36,7 @@ with st.container(border=True):
 if go and picked is not None:
     source, field, label = picked
     cfg = cal.CalibrationConfig(n_samples=int(n_samples), max_new_tokens=int(max_new), seed=int(seed),
-                                loo_samples=int(loo), batch_size=min(8, int(n_samples)))
+                                loo_samples=int(loo), batch_size=min(16, int(n_samples)))
     try:
         prompts = data.prompt_set(source, field, int(n_samples))
         t0 = time.perf_counter()

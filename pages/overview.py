@@ -15,8 +15,8 @@ Weights never change; the time to the first token (TTFT) falls.
 
 One engineering detail of this tool: layers *below* the first skipped layer see exactly the same
 inputs with or without POP, so x_N travels through them together with the prompt, and the boundary
-step re-runs only the layers from the first skipped one on. The result is the full model's, to the
-last bit of arithmetic, at a third of the boundary cost for the paper's last-third skip set.
+step re-runs only the layers from the first skipped one on. It is the same computation the full
+model does for x_N, at a third of the boundary cost for the paper's last-third skip set.
 """)
 
 lm = widgets.model_or_stop()

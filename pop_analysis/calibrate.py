@@ -41,7 +41,7 @@ class CalibrationConfig:
     temperature: float = 1.0  # sampling temperature (1.0: the model's own distribution)
     top_p: float = 1.0  # nucleus mass (1.0: the model's own distribution)
     seed: int = 0  # sample i draws from its own generator seeded from (seed, i)
-    batch_size: int = 8  # prompts per batched sample + forward + backward (speed only)
+    batch_size: int = 16  # prompts per batched sample + forward + backward (speed only)
     loo_samples: int = 0  # exact leave-one-layer-out on this many samples; 0 = off
     raw: bool = False  # tokenise prompts as is, no chat template
 
