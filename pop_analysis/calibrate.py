@@ -53,7 +53,7 @@ class CalibrationConfig:
 
 
 @dataclass
-class CalibrationResult:
+class CalibrationResult(store.Record):
     """Per-layer importance per stage, with per-sample values and baselines."""
 
     model: str
@@ -78,14 +78,6 @@ class CalibrationResult:
     response_tokens: list[int] = dataclasses.field(default_factory=list)  # per sample
     loss: list[float] = dataclasses.field(default_factory=list)  # per sample, summed CE
     loo_taylor: dict | None = None  # {"prefill": [L], "decode": [L]}: Taylor mean, LOO samples
-
-    def to_dict(self) -> dict:
-        return store._plain(dataclasses.asdict(self))
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "CalibrationResult":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import json
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -49,7 +49,7 @@ class DriftConfig:
 
 
 @dataclass
-class DriftResult:
+class DriftResult(store.Record):
     """Cosine similarity POP vs full, per layer and per token, plus next-token agreement."""
 
     model: str
@@ -78,29 +78,11 @@ class DriftResult:
     config: dict = field(default_factory=dict)
     seconds: float = 0.0
 
-    def to_dict(self) -> dict:
-        """JSON-able: NaN (a position a sliding-window cache dropped) becomes None."""
-        return json_safe(asdict(self))
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DriftResult:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
     def block_means(self) -> dict:
         """Mean cosine over the skipped layers (all layers when none are skipped)."""
         layers = self.skip_layers or list(range(self.n_layers))
         return {f"{q}_cos": _mean(getattr(self, f"{q}_cos")[i] for i in layers)
                 for q in QUANTITIES}
-
-
-def json_safe(obj):
-    """Lists and dicts with NaN (not JSON) turned into None."""
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [json_safe(v) for v in obj]
-    return None if isinstance(obj, float) and obj != obj else obj
 
 
 # --- recording -------------------------------------------------------------------------------
@@ -494,4 +476,4 @@ def cached_drift_by_length(lm, lengths: list[int], skip, cfg: DriftConfig = Drif
 
 __all__ = ["DriftConfig", "DriftResult", "DriftError", "drift", "cached_drift", "drift_by_length",
            "cached_drift_by_length", "average", "cosine", "kl_full_pop", "read_texts",
-           "length_prompts", "list_drifts", "load_drift", "json_safe"]
+           "length_prompts", "list_drifts", "load_drift"]

@@ -24,7 +24,7 @@ def results_dir(kind: str) -> Path:
 
 def make_key(params: dict) -> str:
     """Stable hash of JSON-able parameters and the package version."""
-    blob = json.dumps({"params": _plain(params), "version": __version__}, sort_keys=True)
+    blob = json.dumps({"params": plain(params), "version": __version__}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -44,7 +44,7 @@ def save(kind: str, key: str, payload: dict, params: dict | None = None) -> Path
     folder = results_dir(kind)
     folder.mkdir(parents=True, exist_ok=True)
     entry = {"kind": kind, "key": key, "version": __version__, "saved_at": time.time(),
-             "params": _plain(params or {}), "payload": _plain(payload)}
+             "params": plain(params or {}), "payload": plain(payload)}
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -69,6 +69,21 @@ def entries(kind: str) -> list[dict]:
     return sorted(out, key=lambda e: -e["saved_at"])
 
 
+class Record:
+    """Mixin for result dataclasses: a JSON-able dict out, and back in.
+
+    from_dict ignores keys the class no longer has, so entries written by an older version load.
+    """
+
+    def to_dict(self) -> dict:
+        return plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
 def cached(kind: str, params: dict, compute, use_cache: bool = True) -> tuple[dict, bool]:
     """(payload, was_hit): the stored result for `params`, or compute(), save and return it."""
     key = make_key(params)
@@ -81,14 +96,14 @@ def cached(kind: str, params: dict, compute, use_cache: bool = True) -> tuple[di
     return payload, False
 
 
-def _plain(obj):
+def plain(obj):
     """Dataclasses, tuples, numpy/torch scalars and arrays -> JSON-able values."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _plain(dataclasses.asdict(obj))
+        return plain(dataclasses.asdict(obj))
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [plain(v) for v in obj]
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if isinstance(obj, float) and obj != obj:

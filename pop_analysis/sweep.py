@@ -61,7 +61,7 @@ class SweepConfig:
 
 
 @dataclass
-class SweepRow:
+class SweepRow(store.Record):
     variant: str  # sweep variant name (ABLATIONS key, or "adaptive")
     skip_ratio: float  # len(skip_layers) / L
     skip_layers: list[int]
@@ -84,12 +84,9 @@ class SweepRow:
     full_continuation_nll: float | None = None  # the full model on the same items (length sweep)
     full_retrieval_acc: float | None = None  # the full model on the same items (length sweep)
 
-    def to_dict(self) -> dict:
-        return store._plain(dataclasses.asdict(self))
-
 
 @dataclass
-class SweepResult:
+class SweepResult(store.Record):
     model: str
     kind: str  # "ratio" | "ablation" | "length" | "adaptive"
     rows: list[dict]
@@ -98,14 +95,6 @@ class SweepResult:
     data: str = ""  # evaluation set name and fingerprint
     threads: int | None = None  # torch CPU threads during timing
     device: str = ""
-
-    def to_dict(self) -> dict:
-        return store._plain(dataclasses.asdict(self))
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "SweepResult":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
 
     def to_frame(self):
         import pandas as pd
@@ -189,7 +178,7 @@ def _prepare(lm, cfg, evalset, n_rows, progress, message):
 
 def _result(lm, kind, rows, cfg, t0, evalset=None) -> SweepResult:
     data = f"{evalset.name}:{evalset.fingerprint[:12]}" if evalset else "retrieval (synthetic)"
-    return SweepResult(lm.name, kind, [r.to_dict() for r in rows], store._plain(dataclasses.asdict(cfg)),
+    return SweepResult(lm.name, kind, [r.to_dict() for r in rows], store.plain(dataclasses.asdict(cfg)),
                        time.perf_counter() - t0, data, _threads(), str(lm.device))
 
 

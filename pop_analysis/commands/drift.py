@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from ..data import load_prompts
-from ..drift import (QUANTITIES, DriftConfig, average, cached_drift, cached_drift_by_length,
-                     json_safe)
+from ..drift import QUANTITIES, DriftConfig, average, cached_drift, cached_drift_by_length
 from ..generate import encode
 from ..progress import terminal_bar
 from ..skipset import describe
+from ..store import plain
 from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
 
 
@@ -48,7 +48,7 @@ def run(args) -> int:
         by_length, _ = cached_drift_by_length(lm, lengths, skip, cfg, source, not args.no_cache,
                                               terminal_bar)
     if args.json:
-        emit_json(json_safe(_payload(result, by_length)))
+        emit_json(plain(_payload(result, by_length)))
     else:
         _print(result, by_length)
     return 0
