@@ -246,14 +246,3 @@ def save_upload(name: str, data: bytes) -> str:
     if not path.exists():
         path.write_bytes(data)
     return str(path)
-
-
-def missing_engine(what: str, module: str) -> bool:
-    """True (and a clear note) when an engine module is not installed in this tree yet."""
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        st.warning(f"{what} is not available in this build: `{module}` is missing.")
-        return True
-    return False
-

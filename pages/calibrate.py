@@ -8,16 +8,12 @@ import streamlit as st
 import torch
 
 from dashboard import charts, data, state, widgets
+from pop_analysis import calibrate as cal
+from pop_analysis.data import DatasetError
 
 st.title("Calibrate: which layers matter for prefill vs decode")
 st.markdown("One virtual gate per layer and stage; importance = E[(dL/dg)²] over responses the "
             "model samples itself (one forward + one backward per sample).")
-try:
-    from pop_analysis import calibrate as cal
-    from pop_analysis.data import DatasetError
-except ImportError as e:
-    st.warning(f"Calibration is not available in this build ({e}).")
-    st.stop()
 
 lm = widgets.model_or_stop()
 n = lm.adapter.n_layers

@@ -4,6 +4,7 @@ import torch
 
 from dashboard import charts, state, widgets
 from dashboard.examples import EXAMPLES
+from pop_analysis import drift as dr
 from pop_analysis.generate import encode
 from pop_analysis.skipset import describe
 
@@ -12,11 +13,6 @@ st.markdown("Cosine similarity between POP and the full model per layer: hidden 
             "entries of prompt tokens, and attention outputs of decode steps. The paper (Qwen3-VL, "
             "last 12 layers) sees hidden states fall to ≈0.71 and V entries to ≈0.46 while the "
             "attention output stays above 0.96: attention absorbs the KV drift.")
-try:
-    from pop_analysis import drift as dr
-except ImportError as e:
-    st.warning(f"Drift is not available in this build ({e}).")
-    st.stop()
 
 lm = widgets.model_or_stop()
 n = lm.adapter.n_layers

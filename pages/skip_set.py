@@ -2,6 +2,7 @@
 import streamlit as st
 
 from dashboard import charts, state, widgets
+from pop_analysis.calibrate import suggest_skip
 from pop_analysis.flops import ideal_speedup, prefill_flop_share
 from pop_analysis.skipset import SkipSetError, describe, last_block, preset
 
@@ -34,8 +35,6 @@ def on_pills() -> None:
 
 
 def adaptive(k: int) -> tuple[int, ...]:
-    from pop_analysis.calibrate import suggest_skip
-
     return suggest_skip(calib, n_skip=k)["adaptive"].layers
 
 
@@ -59,7 +58,7 @@ if cols[1].button("Adaptive from scores", key="skipset.adaptive", width="stretch
                   help="the k layers with the lowest prefill importance (calibrate first)"):
     try:
         apply(adaptive(max(len(skip), 1)), "adaptive (lowest prefill importance)")
-    except (ImportError, ValueError) as e:
+    except ValueError as e:
         state.flash("error", f"Adaptive selection failed: {e}")
 for col, name in zip(cols[2:], ("shallow", "interleaved", "none")):
     if col.button(name.capitalize(), key=f"skipset.{name}", width="stretch"):

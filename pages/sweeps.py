@@ -5,16 +5,12 @@ import streamlit as st
 import torch
 
 from dashboard import charts, data, state, widgets
+from pop_analysis import sweep as sw
 
 st.title("Sweeps: speed vs quality")
 st.markdown("Results of the evaluation sweeps (the CLI fills the same store), each next to the "
             "paper's numbers. Speedups measured on a shared CPU are noisy; ratios timed back to "
             "back in one process are meaningful.")
-try:
-    from pop_analysis import sweep as sw
-except ImportError as e:
-    st.warning(f"Sweeps are not available in this build ({e}).")
-    st.stop()
 
 KINDS = {"ratio": "speed vs quality over skip ratios", "ablation": "the paper's ablations",
          "length": "prefill speedup vs input length", "adaptive": "adaptive skip sets from scores"}

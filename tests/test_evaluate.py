@@ -7,10 +7,9 @@ import torch
 from pop_analysis.evaluate import (EvalDataError, EvalItem, agreement, answer_matches, choose,
                                    evaluate_items, extract_answer, full_references, greedy_tokens,
                                    gsm8k_gold, load_eval_set, read_records, score_continuations)
-from pop_analysis.models import model_from_hf
 from pop_analysis.pop import decode_step, run_prompt
 from pop_analysis.retrieval import RetrievalConfig, RetrievalError, retrieval_items
-from tiny import tiny_model, tiny_prompt
+from tiny import forced_model, tiny_model, tiny_prompt
 
 @pytest.fixture(scope="module")
 def lm():
@@ -20,19 +19,6 @@ def lm():
 @pytest.fixture(scope="module")
 def tokenizer(embedded):
     return embedded.tokenizer
-
-
-def forced_model(tokenizer, text: str = "7"):
-    """A tiny model whose lm_head always picks the token of `text` (bias only, by a margin)."""
-    (token,) = tokenizer(text, add_special_tokens=False)["input_ids"]
-    lm = tiny_model("llama", vocab_size=len(tokenizer))
-    head = torch.nn.Linear(64, len(tokenizer), bias=True)
-    with torch.no_grad():
-        head.weight.zero_()
-        head.bias.zero_()
-        head.bias[token] = 30.0
-    lm.model.lm_head = head
-    return model_from_hf(lm.model, tokenizer, name="forced"), token
 
 
 def test_full_nll_equals_hf_forward(lm):

@@ -3,14 +3,12 @@ import json
 import math
 
 import pytest
-import torch
 from lm_eval.api.instance import Instance
 
 from pop_analysis import cli
 from pop_analysis.evaluate import score_continuations
 from pop_analysis.lm_eval_model import PopLM, PopLMError
-from pop_analysis.models import model_from_hf
-from tiny import tiny_model
+from tiny import forced_model, tiny_model
 
 GSM8K_GEN = """task: pop_gsm8k_gen
 dataset_path: json
@@ -67,15 +65,7 @@ def offline(monkeypatch):
 
 def forced_lm(tokenizer, text="7"):
     """Tiny model that always emits `text`'s token: known answers through the harness."""
-    (token,) = tokenizer(text, add_special_tokens=False)["input_ids"]
-    tiny = tiny_model("llama", vocab_size=len(tokenizer))
-    head = torch.nn.Linear(64, len(tokenizer), bias=True)
-    with torch.no_grad():
-        head.weight.zero_()
-        head.bias.zero_()
-        head.bias[token] = 30.0
-    tiny.model.lm_head = head
-    return model_from_hf(tiny.model, tokenizer, name="forced-7")
+    return forced_model(tokenizer, text, name="forced-7")[0]
 
 
 @pytest.fixture(scope="module")

@@ -36,3 +36,17 @@ def tiny_model(family: str = "llama", seed: int = 0, **overrides):
 def tiny_prompt(n: int = 12, seed: int = 1, vocab: int = 256) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def forced_model(tokenizer, text: str = "7", name: str = "forced"):
+    """A tiny model whose lm_head always picks the token of `text` (bias only, by a margin):
+    known answers for metric and harness tests. Returns (LoadedModel, token id)."""
+    (token,) = tokenizer(text, add_special_tokens=False)["input_ids"]
+    tiny = tiny_model("llama", vocab_size=len(tokenizer))
+    head = torch.nn.Linear(COMMON["hidden_size"], len(tokenizer), bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[token] = 30.0
+    tiny.model.lm_head = head
+    return model_from_hf(tiny.model, tokenizer, name=name), token
