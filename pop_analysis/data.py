@@ -66,7 +66,7 @@ def load_file(path: Path, field: str | None = None, limit: int | None = None) ->
     if not path.is_file():
         raise DatasetError(f"{path}: no such file (give 'builtin', a file path or hf:NAME)")
     suffix = path.suffix.lower()
-    readers = {".jsonl": _jsonl_records, ".json": _json_records, ".csv": _csv_records,
+    readers = {".jsonl": jsonl_records, ".json": _json_records, ".csv": _csv_records,
                ".parquet": _parquet_records}
     if suffix == ".txt":
         prompts = _txt_prompts(path, limit)
@@ -89,7 +89,8 @@ def _read_text(path: Path) -> str:
         raise DatasetError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def _jsonl_records(path: Path):
+def jsonl_records(path: Path):
+    """(where, record) per non-empty line of a JSONL file; bad JSON names the file and line."""
     for n, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue

@@ -26,7 +26,7 @@ import torch
 
 from . import store
 from .adapter import DecoderAdapter
-from .data import BUILTIN_NAME, load_prompts
+from .data import BUILTIN_NAME, jsonl_records, load_prompts
 from .pop import check_prompt, decode_step, run_prompt
 from .progress import Tracker
 
@@ -389,18 +389,11 @@ def read_texts(source: str | None) -> tuple[list[str], str]:
 
 def _jsonl_texts(path: Path) -> list[str]:
     texts = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                raise DriftError(f"{path.name} line {n}: not valid JSON") from None
-            if not isinstance(rec, dict):
-                raise DriftError(f"{path.name} line {n}: expected a JSON object")
-            parts = [rec[k] for k in TEXT_FIELDS if isinstance(rec.get(k), str)]
-            texts.append("\n".join(parts or [v for v in rec.values() if isinstance(v, str)]))
+    for where, rec in jsonl_records(path):
+        if not isinstance(rec, dict):
+            raise DriftError(f"{path.name} {where}: expected a JSON object")
+        parts = [rec[k] for k in TEXT_FIELDS if isinstance(rec.get(k), str)]
+        texts.append("\n".join(parts or [v for v in rec.values() if isinstance(v, str)]))
     if not any(t.strip() for t in texts):
         raise DriftError(f"{path.name} holds no text")
     return texts
