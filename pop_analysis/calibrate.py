@@ -18,18 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from . import store
-from .adapter import Shape
 from .data import PromptSet, fingerprint
-from .flops import ideal_speedup
 from .gates import (DECODE, StageGates, block_influence, gated, layer_ticks, stage_map,
                     stage_means)
 from .generate import SamplingConfig, eos_ids, encode, pick
 from .pop import check_prompt
 from .progress import Tracker
-from .skipset import preset
+from .suggest import Suggestion, suggest_skip  # noqa: F401 - part of this module's API
 
 KIND = "calibration"
-SPEEDUP_LENGTH = 512  # prompt length at which suggestions quote their ideal speedup
 
 
 @dataclass(frozen=True)
@@ -78,16 +75,6 @@ class CalibrationResult(store.Record):
     response_tokens: list[int] = dataclasses.field(default_factory=list)  # per sample
     loss: list[float] = dataclasses.field(default_factory=list)  # per sample, summed CE
     loo_taylor: dict | None = None  # {"prefill": [L], "decode": [L]}: Taylor mean, LOO samples
-
-
-@dataclass(frozen=True)
-class Suggestion:
-    """A skip set derived from a calibration result."""
-
-    name: str  # "paper", "adaptive" or "threshold"
-    layers: tuple[int, ...]  # 0-indexed, sorted
-    ideal_speedup: float  # prefill FLOP ratio at SPEEDUP_LENGTH prompt tokens
-    description: str  # one line for a label
 
 
 @dataclass
@@ -385,76 +372,6 @@ def _ranks(x: list[float]) -> torch.Tensor:
         tie = v == val
         ranks[tie] = ranks[tie].mean()
     return ranks
-
-
-# --- skip-set suggestions -------------------------------------------------------------------
-
-def suggest_skip(result: CalibrationResult, n_skip: int | None = None,
-                 contiguous_tail: bool = False,
-                 threshold: float | None = None) -> dict[str, Suggestion]:
-    """Skip sets from a result: "paper" (last third), "adaptive" (k lowest prefill importance,
-    k defaulting to the paper's count) and, when a threshold is given, "threshold" (every layer
-    whose prefill importance is below it; absolute, in the units of result.prefill).
-
-    contiguous_tail keeps each set one contiguous block, so POP's independent K/V projections all
-    read the same hidden state as in the paper: "adaptive" becomes the block of k layers with the
-    lowest summed prefill importance, "threshold" the longest run of layers under the threshold
-    that ends at the last layer. No set holds every layer.
-    """
-    L = result.n_layers
-    imp = [float(x) for x in result.prefill]
-    paper = preset("paper", L)
-    k = len(paper) if n_skip is None else int(n_skip)
-    if not 0 <= k < L:
-        raise ValueError(f"n_skip must be in 0..{L - 1} for a {L}-layer model, got {k}")
-    if contiguous_tail:
-        adaptive, how = _lowest_block(imp, k), f"the contiguous block of {k} layers"
-    else:
-        adaptive, how = _lowest(imp, k), f"the {k} layers"
-    out = {"paper": _suggestion(result, "paper", paper,
-                                "last third of the layers (the paper's default)"),
-           "adaptive": _suggestion(result, "adaptive", adaptive,
-                                   f"{how} with the lowest prefill importance")}
-    if threshold is not None:
-        under = [i for i in range(L) if imp[i] < threshold]
-        if contiguous_tail:
-            under = _tail_run(under, L)
-        if len(under) == L:  # at least one layer must run in prefill
-            under.remove(max(under, key=lambda i: (imp[i], -i)))
-        out["threshold"] = _suggestion(result, "threshold", under,
-                                       f"layers with prefill importance below {threshold:g}")
-    return out
-
-
-def _lowest(imp: list[float], k: int) -> list[int]:
-    """The k lowest; among equal values the deeper layer first (POP prunes deep layers)."""
-    return sorted(sorted(range(len(imp)), key=lambda i: (imp[i], -i))[:k])
-
-
-def _lowest_block(imp: list[float], k: int) -> list[int]:
-    if k == 0:
-        return []
-    starts = range(len(imp) - k + 1)
-    best = min(starts, key=lambda s: (sum(imp[s:s + k]), -s))
-    return list(range(best, best + k))
-
-
-def _tail_run(layers: list[int], L: int) -> list[int]:
-    chosen, i = set(layers), L - 1
-    while i in chosen:
-        i -= 1
-    return list(range(i + 1, L))
-
-
-def _suggestion(result: CalibrationResult, name: str, layers, description: str) -> Suggestion:
-    layers = tuple(sorted(int(i) for i in layers))
-    names = {f.name for f in dataclasses.fields(Shape)}
-    if result.shape and names <= set(result.shape):
-        shape = Shape(**{k: result.shape[k] for k in names})
-        speed = ideal_speedup(shape, SPEEDUP_LENGTH, layers)
-    else:  # no usable shape stored: the layer-count ratio, as the paper quotes it
-        speed = result.n_layers / (result.n_layers - len(layers))
-    return Suggestion(name, layers, float(speed), description)
 
 
 # --- results store ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from .pop import check_prompt
 from .progress import Tracker
 from .retrieval import RetrievalConfig, RetrievalError, retrieval_items
 from .skipset import SkipSetError, last_block, preset
+from .suggest import lowest
 
 KINDS = ("ratio", "ablation", "length", "adaptive")
 
@@ -260,8 +261,7 @@ def adaptive_skip(scores, k: int) -> tuple[int, ...]:
     """The k layers of lowest prefill importance (ties: the deeper layer first)."""
     if not 0 < k < len(scores):
         raise SkipSetError(f"cannot pick {k} of {len(scores)} layers")
-    order = sorted(range(len(scores)), key=lambda i: (scores[i], -i))
-    return tuple(sorted(order[:k]))
+    return tuple(lowest(scores, k))
 
 
 def prefill_scores(calibration) -> list[float]:
