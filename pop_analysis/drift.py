@@ -437,7 +437,11 @@ def _tokenize_prefix(tok, texts: list[str], n_tokens: int) -> list[int]:
 def drift_by_length(lm, lengths: list[int], skip, cfg: DriftConfig = DriftConfig(),
                     text_source: str | None = None, progress=None) -> list[dict]:
     """Block-mean drift for prompts of increasing length, one dict per length."""
-    texts, name = read_texts(text_source)
+    return _by_length(lm, lengths, skip, cfg, *read_texts(text_source), progress)
+
+
+def _by_length(lm, lengths, skip, cfg: DriftConfig, texts: list[str], name: str,
+               progress) -> list[dict]:
     prompts, repeated = length_prompts(lm, list(lengths), texts)
     tracker = Tracker(2 * cfg.decode_steps * len(prompts), progress, "drift by length")
     rows = []
@@ -455,13 +459,13 @@ def cached_drift_by_length(lm, lengths: list[int], skip, cfg: DriftConfig = Drif
                            text_source: str | None = None, use_cache: bool = True,
                            progress=None) -> tuple[list[dict], bool]:
     """drift_by_length() through the results store, keyed by the texts' fingerprint."""
-    texts, _ = read_texts(text_source)
+    texts, name = read_texts(text_source)  # read once: for the key and for the run
     params = {**_model_params(lm), "lengths": [int(n) for n in lengths],
               "skip": sorted(int(i) for i in skip), "config": asdict(cfg),
               "text_sha": _sha(json.dumps(texts))}
 
     def compute() -> dict:
-        return {"rows": drift_by_length(lm, lengths, skip, cfg, text_source, progress)}
+        return {"rows": _by_length(lm, lengths, skip, cfg, texts, name, progress)}
 
     payload, hit = store.cached(KIND_BY_LENGTH, params, compute, use_cache)
     return payload["rows"], hit
