@@ -315,10 +315,7 @@ class DecoderAdapter:
     def logits(self, h_last: torch.Tensor) -> torch.Tensor:
         """Final norm and lm_head on the given positions: (B, T, D) -> (B, T, V)."""
         h = self.base.norm(h_last.to(self.base.norm.weight.device))  # (B, T, D)
-        out = self.model.lm_head(h.to(self.model.lm_head.weight.device))  # (B, T, V)
-        if self.logit_softcap:
-            out = torch.tanh(out / self.logit_softcap) * self.logit_softcap  # Gemma-2
-        return out
+        return self.head(h)  # (B, T, V)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

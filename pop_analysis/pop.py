@@ -111,20 +111,6 @@ def left_pad(prompts, pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch
     return ids.to(device), mask.to(device)
 
 
-def chunk_mask(n_new: int, n_past: int, device) -> torch.Tensor | None:
-    """Causal mask for n_new queries after n_past cached keys; None where SDPA's own is right.
-
-    With an empty cache (or one query) SDPA's is_causal is exact. A chunk after a non-empty cache
-    needs its diagonal shifted; layers may hold different lengths (pop_no_kv), hence per layer.
-    (The layer loop now asks adapter.layer_mask, which adds sliding windows and padding.)
-    """
-    if n_new == 1 or n_past == 0:
-        return None
-    q = torch.arange(n_new, device=device).unsqueeze(1)  # (T, 1)
-    k = torch.arange(n_past + n_new, device=device).unsqueeze(0)  # (1, S+T)
-    return (k <= q + n_past)[None, None]  # (1, 1, T, S+T), True = attend
-
-
 @torch.inference_mode()
 def teacher_force(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: int,
                   drop=(), attention_mask: torch.Tensor | None = None) -> torch.Tensor:
