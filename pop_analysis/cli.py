@@ -11,6 +11,7 @@ import pkgutil
 import sys
 
 from . import commands
+from .errors import first_line
 
 
 def command_modules() -> dict:
@@ -40,6 +41,5 @@ def main(argv=None) -> int:
         print("error: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the CLI's contract: one readable line, non-zero exit
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: {msg}", file=sys.stderr)
+        print(f"error: {first_line(e)}", file=sys.stderr)
         return 1

@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import first_line
+
 BUILTIN_NAME = "builtin"
 FIELDS = ("instruction", "question", "prompt", "text")  # detection order
 CHAT_FIELDS = ("messages", "conversations")
@@ -137,7 +139,7 @@ def _parquet_records(path: Path):
     try:
         frame = pd.read_parquet(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds for a damaged file
-        raise DatasetError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+        raise DatasetError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
     for i, rec in enumerate(frame.to_dict(orient="records"), start=1):
         yield f"row {i}", rec
 
@@ -226,12 +228,7 @@ def _load_hf(source: str, field: str | None, limit: int | None) -> PromptSet:
                 break
     except Exception as e:  # noqa: BLE001 - offline, unknown name, bad split: all one message
         raise DatasetError(f"{source}: cannot stream the dataset (is the network reachable?): "
-                           f"{_first_line(e)}") from None
+                           f"{first_line(e)}") from None
     records = ((f"row {i}", rec) for i, rec in enumerate(rows, start=1))
     label = f"hf:{name}:{config}:{split}" if config else f"hf:{name}:{split}"
     return make_set(label, _prompts(records, label, field, limit), limit)
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

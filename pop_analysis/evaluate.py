@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import first_line
 from .generate import SamplingConfig, encode, run
 from .models import LoadedModel
 from .paths import REPO_ROOT
@@ -301,7 +302,7 @@ def _hf_records(source: str) -> list[dict]:
         ds = datasets.load_dataset(name, "main" if name.endswith("gsm8k") else None,
                                    split=split or "test")
     except Exception as e:  # noqa: BLE001 - offline or unknown: one line
-        raise EvalDataError(f"cannot load {source} from the hub: {str(e).splitlines()[0]}") from None
+        raise EvalDataError(f"cannot load {source} from the hub: {first_line(e)}") from None
     return [dict(r) for r in ds]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .adapter import DecoderAdapter, check_supported
+from .errors import first_line
 from .paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -174,7 +175,7 @@ def load_config(source: str, local: bool, trust_remote_code: bool = False):
     except Exception as e:  # noqa: BLE001 - any failure here means "cannot load this model"
         where = "directory" if local else "hub id (is the network reachable?)"
         raise ModelLoadError(f"cannot read the config of model {source!r} as a {where}: "
-                             f"{_first_line(e)}") from None
+                             f"{first_line(e)}") from None
 
 
 def load_tokenizer(source: str, local: bool, trust_remote_code: bool = False):
@@ -219,7 +220,7 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     except torch.OutOfMemoryError:
         raise ModelLoadError(f"out of memory loading {name} on {device} as {torch_dtype}") from None
     except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(f"cannot load weights of {name!r}: {_first_line(e)}") from None
+        raise ModelLoadError(f"cannot load weights of {name!r}: {first_line(e)}") from None
     if device_map is None:
         model.to(device)
     model.eval()
@@ -241,8 +242,3 @@ def _check_accelerate() -> None:
     except ImportError:
         raise ModelLoadError("device_map needs the package accelerate "
                              "(pip install -r requirements.txt)") from None
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
