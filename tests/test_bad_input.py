@@ -1,5 +1,4 @@
 """Bad input gets one clear message; nothing crashes with a traceback-only error."""
-import json
 
 import pytest
 import torch
