@@ -20,7 +20,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from .evaluate import score_continuations
+from .metrics import score_continuations
 from .generate import SamplingConfig, generate
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .pop import check_variant

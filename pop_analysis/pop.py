@@ -202,16 +202,33 @@ def greedy_batch(adapter: DecoderAdapter, prompts, variant: str = "pop", skip=()
     ids, mask = left_pad(prompts, pad_id, adapter.device)  # (B, N) each
     check_prompt(adapter, ids.shape[1], max_new_tokens)
     first = run_prompt(adapter, ids, variant, skip, attention_mask=mask)
-    drop = decode_drop(variant, skip)
+    return greedy_from(adapter, first, decode_drop(variant, skip), max_new_tokens).tolist()
+
+
+@torch.inference_mode()
+def greedy_from(adapter: DecoderAdapter, first: FirstStep, drop=(), max_new_tokens: int = 16,
+                stop_ids=()) -> torch.Tensor:
+    """Greedy tokens (B, T) from where `run_prompt` left a batch (its cache grows).
+
+    With `stop_ids`, decoding ends early once every row has produced one of them (T may then be
+    below max_new_tokens; a row holds further tokens after its own stop token).
+    """
+    mask = first.attention_mask  # (B, N) or None
+    stop = torch.tensor(sorted(stop_ids), dtype=torch.long)  # (S,)
     nxt = first.logits.argmax(-1, keepdim=True)  # (B, 1)
     out, position = [nxt], first.position
+    done = torch.isin(nxt.cpu(), stop)  # (B, 1)
     for _ in range(max_new_tokens - 1):
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, position+1)
+        if len(stop) and bool(done.all()):
+            break
+        if mask is not None:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, position+1)
         logits = decode_step(adapter, nxt.to(adapter.device), first.cache, position, drop, mask)
         nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
+        done |= torch.isin(nxt.cpu(), stop)
         out.append(nxt)
         position += 1
-    return torch.cat(out, dim=1).tolist()  # (B, max_new_tokens)
+    return torch.cat(out, dim=1).cpu()  # (B, T)
 
 
 def decode_drop(variant: str, skip) -> tuple[int, ...]:

@@ -11,8 +11,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from .evaluate import EvalItem
 from .generate import encode
+from .items import EvalItem
 from .models import LoadedModel
 
 COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "silver", "golden", "white",
@@ -55,7 +55,7 @@ class RetrievalConfig:
     n_items: int = 8  # items in the set
     length: int = 512  # target prompt length in tokens (template included; ~100 at least)
     depths: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)  # needle depth, cycled over items
-    distractors: int = 2  # other pass-code facts placed at random depths
+    distractors: int = 1  # other pass-code facts at random depths (1: the full model scores >= 0.9)
     seed: int = 0  # everything is drawn from random.Random(seed)
     raw: bool = False  # no chat template
 
@@ -140,3 +140,14 @@ def _encode_item(lm, text, key, code, raw) -> tuple[list[int], list[int]]:
 def _tokens_per_sentence(lm: LoadedModel) -> float:
     n = len(lm.tokenizer(" ".join(FILLER), add_special_tokens=False)["input_ids"])
     return n / len(FILLER)
+
+
+def grid_items(lm: LoadedModel, lengths, depths=RetrievalConfig.depths, per_cell: int = 10,
+               seed: int = 0) -> list[EvalItem]:
+    """The depth x length grid: `per_cell` items for every (length, depth); meta says which cell."""
+    items = []
+    for length in lengths:
+        cfg = RetrievalConfig(n_items=per_cell * len(depths), length=length,
+                              depths=tuple(depths), seed=seed)
+        items += retrieval_items(lm, cfg)
+    return items

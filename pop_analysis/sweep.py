@@ -2,7 +2,9 @@
 input length (Table 2), and importance-based skip sets against the contiguous last third.
 
 Every row carries a measured prefill speedup (TTFT of the full model / TTFT of the variant,
-alternated in one process, medians of `repeats`) beside its quality numbers (evaluate.py).
+alternated in one process, medians of `repeats`) beside its quality numbers: all variants of a
+sweep are evaluated together in batches with the full model's pass shared (evaluate.py), and every
+quality number has n, a 95% interval and, against the full model, a paired difference (quality.py).
 Results are cached through store.py under kind "sweep", so the CLI fills the dashboard's page.
 """
 from __future__ import annotations
@@ -11,19 +13,23 @@ import dataclasses
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import store
 from .bench import random_prompt, ttft_once
-from .evaluate import EvalSet, evaluate_items, full_references, load_eval_set
+from .evalsets import load_eval_set
+from .evaluate import FULL
 from .flops import ideal_speedup
 from .models import LoadedModel
 from .pop import check_prompt
+from .items import EvalSet
 from .progress import Tracker
+from .quality import too_few_note
 from .retrieval import RetrievalConfig, RetrievalError, retrieval_items
 from .skipset import SkipSetError, last_block, preset
 from .paper import PAPER_TABLES, paper_frame  # noqa: F401 - part of this module's API
 from .suggest import lowest
+from .sweep_quality import answers_metric, evaluate_runs, row_quality, run_key
 
 KINDS = ("ratio", "ablation", "length", "adaptive")
 
@@ -40,6 +46,11 @@ ABLATIONS = {
 }
 
 
+# Items per sweep by default: enough that the 95% interval of POP's NLL difference from the full
+# model on GSM8K answers is narrower than 0.05 nats on the embedded model (docs/evaluation.md).
+DEFAULT_SAMPLES = 64
+
+
 class SweepError(ValueError):
     """A sweep that cannot run as asked; the message says why."""
 
@@ -49,7 +60,7 @@ class SweepConfig:
     """What a sweep runs; hashed (with the model and data) for the cache key."""
 
     dataset: str = "gsm8k"  # gsm8k, wizardlm, retrieval[:LENGTH], builtin, or a file path
-    n_samples: int = 8  # evaluation items (per length in the length sweep)
+    n_samples: int = DEFAULT_SAMPLES  # evaluation items (per length in the length sweep)
     ratios: tuple[float, ...] = (0, .2, .25, .33, .4, .5, .6)  # ratio sweep: skip the last ratio*L
     variants: tuple[str, ...] = ("full", "pop", "shallow", "interleaved", "pop_no_kv",
                                  "pop_no_boundary", "static")  # ablation sweep rows
@@ -84,7 +95,15 @@ class SweepRow(store.Record):
     engine_variant: str = ""  # the pop.py variant that ran
     item_tokens: int | None = None  # mean prompt tokens of the retrieval items (length sweep)
     full_continuation_nll: float | None = None  # the full model on the same items (length sweep)
-    full_retrieval_acc: float | None = None  # the full model on the same items (length sweep)
+    full_retrieval_acc: float | None = None  # the full model on the same items
+    next_token_kl: float | None = None  # mean over items of the per-token KL(full || variant), nats
+    next_token_top1: float | None = None  # continuation tokens where the argmax is the full model's
+    intervals: dict = field(default_factory=dict)  # M_ci, M_delta, M_delta_ci ... (flattened)
+
+    def to_dict(self) -> dict:
+        """The row with its interval fields flattened in (the CLI / CSV contract)."""
+        d = super().to_dict()
+        return {**d, **d.pop("intervals")}
 
 
 @dataclass
@@ -97,6 +116,7 @@ class SweepResult(store.Record):
     data: str = ""  # evaluation set name and fingerprint
     threads: int | None = None  # torch CPU threads during timing
     device: str = ""
+    notes: list = field(default_factory=list)  # e.g. fewer items than asked for, no intervals
 
     def to_frame(self):
         import pandas as pd
@@ -135,12 +155,10 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def _row(lm, kind, name, engine, skip, items, refs, cfg, tracker, length, new_tokens,
-         answers: str | None) -> SweepRow:
-    """Quality of one variant over `items` and its measured speedup at `length` tokens."""
+def _row(lm, kind, name, engine, skip, quality: dict, cfg, tracker, length) -> SweepRow:
+    """One variant's quality fields (`row_quality`; {} without items) and its measured speedup at
+    `length` tokens."""
     n_layers = lm.adapter.n_layers
-    step = lambda: tracker.step(message=f"{kind}: {name}")  # noqa: E731
-    s = evaluate_items(lm, items, engine, skip, refs, new_tokens, step) if items else None
     if engine == "full" or not skip:
         speed, full_ms, var_ms, ideal = 1.0, None, None, 1.0
     else:
@@ -148,40 +166,32 @@ def _row(lm, kind, name, engine, skip, items, refs, cfg, tracker, length, new_to
         speed, full_ms, var_ms = measure_speedup(lm, engine, skip, length, cfg.repeats, tick=tick)
         ideal = ideal_speedup(lm.adapter.shape, length, skip)
     tracker.step(message=f"{kind}: timed {name}")
+    q = dict(quality)
+    declared = {f.name for f in dataclasses.fields(SweepRow)}
     nan = float("nan")
     return SweepRow(
         variant=name, skip_ratio=len(skip) / n_layers, skip_layers=sorted(skip),
         prefill_speedup=speed, ideal_speedup=ideal,
-        continuation_nll=s.continuation_nll if s else nan,
-        greedy_agreement=s.greedy_agreement if s else nan,
-        exact_match=s.answer_accuracy if s and answers == "exact_match" else None,
-        retrieval_acc=s.answer_accuracy if s and answers == "retrieval" else None,
-        kind=kind, length=length, n=s.n if s else 0,
-        first_divergence=s.first_divergence if s else None,
-        sequence_exact=s.sequence_exact if s else None,
-        teacher_forced_top1=s.teacher_forced_top1 if s else None,
-        ttft_full_ms=full_ms, ttft_ms=var_ms, engine_variant=engine)
+        continuation_nll=q.pop("continuation_nll", nan), greedy_agreement=q.pop("greedy_agreement", nan),
+        kind=kind, length=length, ttft_full_ms=full_ms, ttft_ms=var_ms, engine_variant=engine,
+        **{k: q.pop(k) for k in list(q) if k in declared}, intervals=q)
 
 
-def _answers(evalset: EvalSet, cfg: SweepConfig) -> str | None:
-    if evalset.kind == "retrieval":
-        return "retrieval"
-    return "exact_match" if evalset.kind == "gsm8k" and cfg.task_accuracy else None
-
-
-def _prepare(lm, cfg, evalset, n_rows, progress, message):
+def _prepare(lm, cfg, evalset, runs, progress, message):
+    """(evalset, scores, tracker) for `runs`, a list of (engine, skip) rows."""
     evalset = evalset or load_eval_set(lm, cfg.dataset, cfg.n_samples, seed=cfg.seed)
-    items = evalset.items
-    tracker = Tracker(len(items) * (n_rows + 1) + n_rows, progress, message)
-    refs = full_references(lm, items, cfg.max_new_tokens,
-                           lambda: tracker.step(message="full model greedy references"))
-    return evalset, items, refs, tracker
+    n_eval = len({run_key(e, s) for e, s in runs} | {FULL.name})
+    tracker = Tracker(len(evalset.items) * n_eval + len(runs), progress, message)
+    scores = evaluate_runs(lm, evalset.items, runs, cfg.max_new_tokens, tracker, message)
+    return evalset, scores, tracker
 
 
 def _result(lm, kind, rows, cfg, t0, evalset=None) -> SweepResult:
     data = f"{evalset.name}:{evalset.fingerprint[:12]}" if evalset else "retrieval (synthetic)"
+    notes = [evalset.note] if evalset and evalset.note else []
+    notes += sorted({too_few_note(r.n) for r in rows if 0 < r.n < 2})
     return SweepResult(lm.name, kind, [r.to_dict() for r in rows], store.plain(dataclasses.asdict(cfg)),
-                       time.perf_counter() - t0, data, _threads(), str(lm.device))
+                       time.perf_counter() - t0, data, _threads(), str(lm.device), notes)
 
 
 # ---------------------------------------------------------------- the four sweeps
@@ -193,12 +203,14 @@ def ratio_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=None
     t0 = time.perf_counter()
     n_layers = lm.adapter.n_layers
     skips = [last_block(n_layers, float(r)) for r in cfg.ratios]  # raises on a bad ratio
-    evalset, items, refs, tracker = _prepare(lm, cfg, evalset, len(skips), progress, "ratio sweep")
+    runs = [("pop" if skip else "full", skip) for skip in skips]
+    evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ratio sweep")
+    answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
     rows = []
-    for r, skip in zip(cfg.ratios, skips):
-        name, engine = ("full", "full") if not skip else ("pop", "pop")
-        row = _row(lm, "ratio", name, engine, skip, items, refs, cfg, tracker, cfg.bench_tokens,
-                   cfg.max_new_tokens, _answers(evalset, cfg))
+    for r, (engine, skip) in zip(cfg.ratios, runs):
+        name = "pop" if skip else "full"
+        row = _row(lm, "ratio", name, engine, skip, row_quality(scores, run_key(engine, skip), n, answers),
+                   cfg, tracker, cfg.bench_tokens)
         row.skip_ratio = float(r)  # the ratio asked for; skip_layers says what it rounded to
         rows.append(row)
     return _result(lm, "ratio", rows, cfg, t0, evalset)
@@ -212,39 +224,34 @@ def ablation_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=N
     if bad or not cfg.variants:
         raise SweepError(f"unknown ablation variant(s) {bad}; choose from {', '.join(ABLATIONS)}")
     n_layers = lm.adapter.n_layers
-    evalset, items, refs, tracker = _prepare(lm, cfg, evalset, len(cfg.variants), progress,
-                                             "ablation sweep")
-    rows = []
-    for name in cfg.variants:
-        engine, preset_name = ABLATIONS[name]
-        skip = () if engine == "full" else preset(preset_name, n_layers)
-        rows.append(_row(lm, "ablation", name, engine, skip, items, refs, cfg, tracker,
-                         cfg.bench_tokens, cfg.max_new_tokens, _answers(evalset, cfg)))
+    runs = [(ABLATIONS[v][0], () if ABLATIONS[v][0] == "full" else preset(ABLATIONS[v][1], n_layers))
+            for v in cfg.variants]
+    evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ablation sweep")
+    answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
+    rows = [_row(lm, "ablation", name, engine, skip, row_quality(scores, run_key(engine, skip), n, answers),
+                 cfg, tracker, cfg.bench_tokens)
+            for name, (engine, skip) in zip(cfg.variants, runs)]
     return _result(lm, "ablation", rows, cfg, t0, evalset)
 
 
 def length_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=None) -> SweepResult:
     """Table 2: POP's measured and ideal prefill speedup, one row per prompt length, with the
-    synthetic retrieval task at that length as the quality measure for POP and the full model
-    (NaN where a length cannot hold the task's instruction and question: ~100 tokens with a
-    chat template)."""
+    synthetic retrieval task at that length as the quality measure for POP, the full model's
+    score on the same items beside it (NaN where a length cannot hold the task's instruction and
+    question: ~100 tokens with a chat template)."""
     t0 = time.perf_counter()
     if not cfg.lengths or min(cfg.lengths) < 2:
         raise SweepError("the length sweep needs prompt lengths of at least 2 tokens")
     skip = preset("paper", lm.adapter.n_layers)
     sets = {n: _retrieval_or_none(lm, cfg, n) for n in cfg.lengths}
     n_items = sum(len(v) for v in sets.values())
-    tracker = Tracker(3 * n_items + 2 * len(cfg.lengths), progress, "length sweep")
+    tracker = Tracker(2 * n_items + len(cfg.lengths), progress, "length sweep")
     rows = []
     for n, items in sets.items():
-        refs = full_references(lm, items, cfg.retrieval_new_tokens,
-                               lambda: tracker.step(message=f"length {n}: full references"))
-        full = _row(lm, "length", "full", "full", (), items, refs, cfg, tracker, n,
-                    cfg.retrieval_new_tokens, "retrieval")
-        row = _row(lm, "length", "pop", "pop", skip, items, refs, cfg, tracker, n,
-                   cfg.retrieval_new_tokens, "retrieval")
-        # One row per length (what Table 2 plots); the full model's quality rides along.
-        row.full_continuation_nll, row.full_retrieval_acc = full.continuation_nll, full.retrieval_acc
+        scores = evaluate_runs(lm, items, [("pop", skip)], cfg.retrieval_new_tokens, tracker,
+                           f"length {n}")
+        quality = row_quality(scores, run_key("pop", skip), len(items), "retrieval_acc")
+        row = _row(lm, "length", "pop", "pop", skip, quality, cfg, tracker, n)
         if items:
             row.item_tokens = round(statistics.fmean(len(i.prompt_ids) for i in items))
         rows.append(row)
@@ -288,11 +295,13 @@ def adaptive_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), calibratio
         raise SweepError(f"calibration has {len(scores)} layers, the model {n_layers}")
     tail = preset("paper", n_layers)
     chosen = adaptive_skip(scores, len(tail))
-    evalset, items, refs, tracker = _prepare(lm, cfg, evalset, 3, progress, "adaptive sweep")
-    rows = [_row(lm, "adaptive", name, engine, skip, items, refs, cfg, tracker, cfg.bench_tokens,
-                 cfg.max_new_tokens, _answers(evalset, cfg))
-            for name, engine, skip in (("full", "full", ()), ("pop", "pop", tail),
-                                       ("adaptive", "pop", chosen))]
+    named = (("full", "full", ()), ("pop", "pop", tail), ("adaptive", "pop", chosen))
+    runs = [(engine, skip) for _, engine, skip in named]
+    evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "adaptive sweep")
+    answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
+    rows = [_row(lm, "adaptive", name, engine, skip, row_quality(scores, run_key(engine, skip), n, answers),
+                 cfg, tracker, cfg.bench_tokens)
+            for name, engine, skip in named]
     return _result(lm, "adaptive", rows, cfg, t0, evalset)
 
 

@@ -4,11 +4,13 @@ import json
 import pytest
 import torch
 
-from pop_analysis.evaluate import (EvalDataError, EvalItem, agreement, answer_matches, choose,
-                                   evaluate_items, extract_answer, full_references, greedy_tokens,
-                                   gsm8k_gold, load_eval_set, read_records, score_continuations)
+from pop_analysis.answers import answer_matches, extract_answer, gsm8k_gold
+from pop_analysis.evalsets import load_eval_set, read_records
+from pop_analysis.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.items import EvalDataError, EvalItem
+from pop_analysis.metrics import agreement, choose, greedy_tokens, score_continuations
 from pop_analysis.pop import decode_step, run_prompt
-from pop_analysis.retrieval import RetrievalConfig, RetrievalError, retrieval_items
+from pop_analysis.retrieval import RetrievalConfig, RetrievalError, grid_items, retrieval_items
 from tiny import forced_model, tiny_model, tiny_prompt
 
 @pytest.fixture(scope="module")
@@ -68,12 +70,14 @@ def test_shared_prefill_equals_separate_calls(lm, variant):
 
 def test_full_agreement_with_itself_is_one(lm):
     items = [EvalItem(tuple(tiny_prompt(8, seed=s))) for s in range(3)]
-    refs = full_references(lm, items, 6)
-    s = evaluate_items(lm, items, "full", (), refs, 6)
-    assert (s.greedy_agreement, s.sequence_exact, s.first_divergence) == (1.0, 1.0, None)
-    assert s.teacher_forced_top1 == 1.0  # the reference is the full model's own greedy output
-    shallow = evaluate_items(lm, items, "pop", (0, 1, 2), refs, 6)
-    assert shallow.greedy_agreement < 1.0 and shallow.continuation_nll > s.continuation_nll
+    shallow_v = Variant("shallow", "pop", (0, 1, 2))
+    out = evaluate_variants(lm, items, [FULL, shallow_v], 6)
+    s, shallow = out["full"], out["shallow"]
+    assert s.greedy_agreement == s.sequence_exact == [1.0] * 3 and s.first_divergence == [None] * 3
+    assert s.teacher_forced_top1 == [1.0] * 3  # the reference is the full model's own greedy output
+    assert s.next_token_kl == [0.0] * 3 and s.next_token_top1 == [1.0] * 3
+    assert sum(shallow.greedy_agreement) < 3 and sum(shallow.continuation_nll) > sum(s.continuation_nll)
+    assert min(shallow.next_token_kl) > 0
 
 
 def test_agreement_cases():
@@ -90,15 +94,15 @@ def test_forced_model_scores_100_percent(tokenizer):
     for variant, skip in (("full", ()), ("pop", (3, 4, 5)), ("static", (4, 5))):
         assert greedy_tokens(lm, prompt, variant, skip, 5) == [seven] * 5
     item = EvalItem(tuple(prompt), (seven,) * 4, answer="7777777")
-    refs = full_references(lm, [item], 7)
-    s = evaluate_items(lm, [item], "pop", (3, 4, 5), refs, 7)
-    assert s.answer_accuracy == 1.0 and s.greedy_agreement == 1.0
-    assert s.continuation_nll < 1e-6 and s.teacher_forced_top1 == 1.0
+    wrong = EvalItem(tuple(prompt), (seven,), answer="8")
+    out = evaluate_variants(lm, [item, wrong], [Variant("pop", "pop", (3, 4, 5))], 7)
+    s = out["pop"]
+    assert s.answer_correct == [1.0, 0.0] and s.greedy_agreement == [1.0, 1.0]
+    assert max(s.continuation_nll) < 1e-6 and s.teacher_forced_top1 == [1.0, 1.0]
     other = tokenizer("8", add_special_tokens=False)["input_ids"]
     best, scores = choose(lm, prompt, [other * 2, [seven] * 2, other + [seven]], "pop", (3, 4, 5))
     assert best == 1 and scores[0] < scores[2] < scores[1]
-    wrong = EvalItem(tuple(prompt), (seven,), answer="8")
-    assert evaluate_items(lm, [wrong], "full", (), refs, 7).answer_accuracy == 0.0
+    assert out["full"].answer_correct == [1.0, 0.0]
 
 
 def test_gsm8k_answers():
@@ -180,3 +184,19 @@ def test_retrieval_rejects_impossible_configs(embedded, lm):
         retrieval_items(embedded, RetrievalConfig(depths=(1.5,)))
     with pytest.raises(RetrievalError, match="no tokenizer"):
         retrieval_items(lm, RetrievalConfig())
+
+
+def test_retrieval_grid_covers_every_depth_and_length(embedded):
+    depths = (0.0, 0.5, 1.0)
+    items = grid_items(embedded, (256, 700), depths, per_cell=2)
+    cells = [(it.meta["length"], it.meta["depth"]) for it in items]
+    assert len(items) == 12 and sorted({d for _, d in cells}) == list(depths)
+    for it in items:
+        n = it.meta["length"]
+        assert n == len(it.prompt_ids) and (abs(n - 256) < 20 or abs(n - 700) < 20), n
+        notes = it.text.split("\n\n")[1].split(". ")
+        facts = [i for i, s in enumerate(notes) if "pass code" in s]
+        assert len(facts) == 2  # the needle and one distractor
+        at = next(i for i, s in enumerate(notes) if it.meta["key"] in s)
+        assert abs(at / (len(notes) - 1) - it.meta["depth"]) < 0.1, (at, len(notes), it.meta)
+    assert grid_items(embedded, (256,), depths, per_cell=2) == items[:6]  # deterministic

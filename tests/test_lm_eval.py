@@ -6,7 +6,7 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from pop_analysis import cli
-from pop_analysis.evaluate import score_continuations
+from pop_analysis.metrics import score_continuations
 from pop_analysis.lm_eval_model import PopLM, PopLMError
 from tiny import forced_model, tiny_model
 

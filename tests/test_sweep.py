@@ -153,3 +153,72 @@ def test_bad_calibration_file(model_dir, cache, tmp_path, capsys):
     bad.write_text("{oops")
     code = cli.main(["sweep", "--model", str(model_dir), "--calibration", str(bad)])
     assert code == 1 and "not valid JSON" in capsys.readouterr().err
+
+
+QUALITY = ("continuation_nll", "next_token_kl", "next_token_top1", "teacher_forced_top1",
+           "greedy_agreement", "sequence_exact")
+
+
+def check_row_contract(row: dict) -> None:
+    """n, M_ci for every quality metric present, M_delta and M_delta_ci for variants but full."""
+    assert row["n"] >= 2, row
+    for m in QUALITY + ("exact_match", "retrieval_acc"):
+        if row.get(m) is None:
+            continue
+        lo, hi = row[f"{m}_ci"]
+        assert lo <= row[m] <= hi, (m, row[m], row[f"{m}_ci"])
+        if row["variant"] == "full":
+            assert row.get(f"{m}_delta") is None
+            continue
+        dlo, dhi = row[f"{m}_delta_ci"]
+        assert dlo <= row[f"{m}_delta"] <= dhi, (m, row[f"{m}_delta"], row[f"{m}_delta_ci"])
+
+
+def test_rows_carry_n_intervals_and_paired_deltas(ratio_result):
+    full, pop = ratio_result.rows
+    for row in (full, pop):
+        check_row_contract(row)
+        assert set(QUALITY) <= set(row)
+    assert full["next_token_kl"] == 0.0 and full["next_token_top1"] == 1.0
+    assert pop["next_token_kl"] > 0 and pop["next_token_kl_delta"] == pop["next_token_kl"]
+    assert pop["continuation_nll_delta"] == pytest.approx(
+        pop["continuation_nll"] - full["continuation_nll"])
+    assert pop["full_continuation_nll"] == full["continuation_nll"]
+    assert ratio_result.notes == []
+
+
+def test_retrieval_rows_carry_the_full_models_score(lm):
+    res = ablation_sweep(lm, SweepConfig(dataset="retrieval:160", variants=("pop", "static"),
+                                         **{**FAST, "max_new_tokens": 6}))
+    full_acc = {r["full_retrieval_acc"] for r in res.rows}
+    assert len(full_acc) == 1 and None not in full_acc  # the same full model on the same items
+    for row in res.rows:
+        check_row_contract(row)
+        assert row["retrieval_acc"] is not None and len(row["retrieval_acc_ci"]) == 2
+        assert row["full_retrieval_acc_ci"][0] <= row["full_retrieval_acc"]
+        assert row["retrieval_acc_delta_p"] is not None
+
+
+def test_cli_notes_too_few_and_too_many_items(model_dir, cache, tmp_path, capsys):
+    data = tmp_path / "three.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Count to {i}"}) + "\n" for i in range(3)))
+    out_csv = tmp_path / "rows.csv"
+    code = cli.main(["sweep", "--model", str(model_dir), "--device", "cpu", "--dataset", str(data),
+                     "--samples", "50", "--ratios", "0,0.5", "--max-new-tokens", "2", "--repeats",
+                     "1", "--bench-tokens", "16", "--json", "--csv", str(out_csv)])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "note: " in captured.err and "holds 3 items, fewer than the 50 asked for" in captured.err
+    out = json.loads(captured.out.strip().splitlines()[-1])
+    assert [r["n"] for r in out["rows"]] == [3, 3]
+    for row in out["rows"]:
+        check_row_contract(row)
+    header = next(csv.reader(out_csv.open()))
+    assert {"n", "continuation_nll_ci", "continuation_nll_delta", "continuation_nll_delta_ci"} <= set(header)
+    code = cli.main(["sweep", "--model", str(model_dir), "--device", "cpu", "--dataset", str(data),
+                     "--samples", "1", "--ratios", "0.5", "--max-new-tokens", "2", "--repeats", "1",
+                     "--bench-tokens", "16", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0 and "n = 1: no 95% intervals" in captured.err
+    (row,) = json.loads(captured.out.strip().splitlines()[-1])["rows"]
+    assert row["n"] == 1 and row["continuation_nll_ci"] is None and row["continuation_nll"] > 0
