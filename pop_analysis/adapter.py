@@ -64,6 +64,14 @@ def check_attention(config) -> str:
 
 
 @dataclass(frozen=True)
+class KVMaps:
+    """Fitted K/V projections of the skipped layers for one skip set (the pop_repair variant)."""
+
+    tag: str  # where they come from (a repair's store key)
+    maps: dict  # layer -> (k, v) torch.nn.Linear, on that layer's device and in the model's dtype
+
+
+@dataclass(frozen=True)
 class Shape:
     """Sizes a FLOP count or a UI needs."""
 
@@ -101,6 +109,8 @@ class DecoderAdapter:
         self._rope_keys = self._rope_layer_keys()
         self.logit_softcap = getattr(self.text_config, "final_logit_softcapping", None)
         self.shape = self._shape()
+        # skip set (sorted tuple) -> KVMaps; pop_repair reads them (register_kv_maps).
+        self.kv_maps: dict[tuple[int, ...], KVMaps] = {}
 
     def _rope_layer_keys(self) -> list[str | None]:
         """Per layer, the rotary embedding it uses: None = one shared, else its layer type."""
@@ -148,6 +158,13 @@ class DecoderAdapter:
 
     def k_proj(self, i: int) -> torch.nn.Module:
         return self.layers[i].self_attn.k_proj
+
+    def v_proj(self, i: int) -> torch.nn.Module:
+        return self.layers[i].self_attn.v_proj
+
+    def kv_map_modules(self, i: int) -> list[torch.nn.Module]:
+        """Fitted K projections registered for layer i (call counters count them as k_proj)."""
+        return [e.maps[i][0] for e in self.kv_maps.values() if i in e.maps]
 
     def input_norm(self, i: int) -> torch.nn.Module:
         return self.layers[i].input_layernorm
@@ -240,25 +257,55 @@ class DecoderAdapter:
         return self.layers[i](h, attention_mask=mask, position_ids=pos.to(dev), use_cache=True,
                               **kwargs)
 
-    def project_kv(self, i: int, h: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_kv(self, i: int, h: torch.Tensor, rope,
+                   maps: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """POP's independent KV projection of layer i: input norm -> k/v proj -> k_norm -> RoPE
-        (the rope of layer i's type: local or global on Gemma-3).
+        (the rope of layer i's type: local or global on Gemma-3). `maps` (k, v) replaces the
+        layer's k_proj/v_proj with fitted projections of the same shape (pop_repair).
 
         Returns post-RoPE keys and values shaped as cached, (B, Hkv, T, Dh) each.
         """
         layer = self.layers[i]
         attn = layer.self_attn
+        k_proj, v_proj = maps if maps is not None else (attn.k_proj, attn.v_proj)
         dev = self.layer_device(i)
         x = layer.input_layernorm(h.to(dev))  # (B, T, D)
         heads = (*x.shape[:-1], -1, attn.head_dim)  # (B, T, Hkv, Dh)
-        k = attn.k_proj(x).view(heads)  # (B, T, Hkv, Dh)
+        k = k_proj(x).view(heads)  # (B, T, Hkv, Dh)
         if self.has_k_norm:
             k = attn.k_norm(k)
         k = k.transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = attn.v_proj(x).view(heads).transpose(1, 2)  # (B, Hkv, T, Dh)
+        v = v_proj(x).view(heads).transpose(1, 2)  # (B, Hkv, T, Dh)
         cos, sin = self._rope(i, rope, dev)  # (B, T, Dh)
         k = k * cos.unsqueeze(1) + _rotate_half(k) * sin.unsqueeze(1)  # (B, Hkv, T, Dh)
         return k, v
+
+    def register_kv_maps(self, skip, maps: dict, tag: str) -> KVMaps:
+        """Use fitted projections for pop_repair with this skip set (replacing earlier ones).
+
+        maps: layer -> (k weight, k bias, v weight, v bias), weights shaped as the layer's own
+        k_proj / v_proj weights (out, D), biases (out,). Every layer of `skip` needs one.
+        """
+        key = tuple(sorted(int(i) for i in skip))
+        if sorted(maps) != list(key):
+            raise ValueError(f"fitted maps cover layers {sorted(maps)}, the skip set {list(key)}")
+        built = {i: (self._linear(i, self.k_proj(i), *maps[i][:2]),
+                     self._linear(i, self.v_proj(i), *maps[i][2:])) for i in key}
+        self.kv_maps[key] = KVMaps(tag, built)
+        return self.kv_maps[key]
+
+    def _linear(self, i: int, like: torch.nn.Module, weight, bias) -> torch.nn.Linear:
+        """A Linear shaped as `like`, holding the given weight and bias, where layer i lives."""
+        shape = tuple(like.weight.shape)
+        if tuple(weight.shape) != shape or tuple(bias.shape) != shape[:1]:
+            raise ValueError(f"layer {i}: fitted map {tuple(weight.shape)} does not match the "
+                             f"projection {tuple(like.weight.shape)}")
+        lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=True,
+                              device=like.weight.device, dtype=like.weight.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(weight)
+            lin.bias.copy_(bias)
+        return lin.eval().requires_grad_(False)
 
     def write_kv(self, cache: DynamicCache, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Append to layer i's cache the way the layer does (a sliding layer keeps its window)."""

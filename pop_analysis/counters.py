@@ -32,13 +32,15 @@ class CallCounts:
 def count_calls(adapter: DecoderAdapter):
     """Count attention, FFN and k_proj calls of every layer while the block runs."""
     counts = CallCounts(adapter.n_layers)
-    modules = {"attention": adapter.attention, "ffn": adapter.ffn, "k_proj": adapter.k_proj}
+    # A K projection is counted whether it uses the layer's weights or fitted ones (pop_repair).
+    modules = {"attention": lambda i: [adapter.attention(i)], "ffn": lambda i: [adapter.ffn(i)],
+               "k_proj": lambda i: [adapter.k_proj(i), *adapter.kv_map_modules(i)]}
     handles = []
     try:
         for kind, get in modules.items():
             for i in range(adapter.n_layers):
                 hook = (lambda kind, i: lambda *_: counts.hit(kind, i))(kind, i)
-                handles.append(get(i).register_forward_hook(hook))
+                handles.extend(m.register_forward_hook(hook) for m in get(i))
         yield counts
     finally:
         for h in handles:

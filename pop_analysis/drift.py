@@ -27,7 +27,7 @@ import torch
 from . import store
 from .adapter import DecoderAdapter
 from .data import BUILTIN_NAME, jsonl_records, load_prompts
-from .pop import check_prompt, decode_step, run_prompt
+from .pop import check_prompt, decode_step, repair_maps, run_prompt
 from .progress import Tracker
 
 KIND = "drift"  # store kind of single-prompt results
@@ -77,6 +77,7 @@ class DriftResult(store.Record):
     n_prompts: int = 1  # >1 when averaged over prompts (matrices then from the first prompt)
     config: dict = field(default_factory=dict)
     seconds: float = 0.0
+    variant: str = "pop"  # what ran against the full model (pop, or pop_repair)
 
     def block_means(self) -> dict:
         """Mean cosine over the skipped layers (all layers when none are skipped)."""
@@ -246,27 +247,28 @@ def _compare(full: _Run, pop: _Run, cfg: DriftConfig) -> dict:
 # --- public API ------------------------------------------------------------------------------
 
 def drift(lm, prompt_ids: list[int], skip, cfg: DriftConfig = DriftConfig(),
-          progress=None) -> DriftResult:
-    """Full model vs POP on one prompt; `progress` gets a Progress per prompt/decode step."""
+          progress=None, variant: str = "pop") -> DriftResult:
+    """Full model vs POP (or `variant`, e.g. pop_repair) on one prompt; `progress` gets a
+    Progress per prompt/decode step."""
     n_steps = 2 * cfg.decode_steps
     tracker = Tracker(n_steps, progress, "drift")
-    return _drift(lm, prompt_ids, skip, cfg, lambda msg: tracker.step(1, msg))
+    return _drift(lm, prompt_ids, skip, cfg, lambda msg: tracker.step(1, msg), variant)
 
 
-def _drift(lm, prompt_ids, skip, cfg: DriftConfig, tick) -> DriftResult:
+def _drift(lm, prompt_ids, skip, cfg: DriftConfig, tick, variant: str = "pop") -> DriftResult:
     t0 = time.perf_counter()
     adapter = lm.adapter
     skip = sorted(int(i) for i in skip)
     _check(adapter, len(prompt_ids), skip, cfg)
     ids = torch.tensor([list(prompt_ids)], device=adapter.device)  # (1, N)
     full = _run(adapter, ids, "full", skip, None, cfg.decode_steps, tick)
-    pop = _run(adapter, ids, "pop", skip, full.fed, cfg.decode_steps, tick)
+    pop = _run(adapter, ids, variant, skip, full.fed, cfg.decode_steps, tick)
     stats = _compare(full, pop, cfg)
     greedy = full.fed + [int(full.logits[-1].argmax())]
     return DriftResult(
         model=lm.name, skip_layers=skip, n_layers=adapter.n_layers, prompt_tokens=len(prompt_ids),
         tokens=_token_strings(lm, prompt_ids, stats["token_positions"]), decode_tokens=greedy,
-        config=asdict(cfg), seconds=time.perf_counter() - t0, **stats)
+        config=asdict(cfg), seconds=time.perf_counter() - t0, variant=variant, **stats)
 
 
 def _check(adapter: DecoderAdapter, n: int, skip, cfg: DriftConfig) -> None:
@@ -298,8 +300,10 @@ def average(results: list[DriftResult]) -> DriftResult:
     if not results:
         raise DriftError("nothing to average: no drift results")
     first = results[0]
-    if any(r.n_layers != first.n_layers or r.skip_layers != first.skip_layers for r in results):
-        raise DriftError("cannot average drift results of different models or skip sets")
+    if any(r.n_layers != first.n_layers or r.skip_layers != first.skip_layers
+           or r.variant != first.variant for r in results):
+        raise DriftError("cannot average drift results of different models, skip sets or "
+                         "variants")
     out = DriftResult.from_dict(first.to_dict())
     for q in QUANTITIES:
         setattr(out, f"{q}_cos", _col_mean([getattr(r, f"{q}_cos") for r in results]))
@@ -338,14 +342,24 @@ def _model_params(lm) -> dict:
 
 
 def cached_drift(lm, prompt_ids, skip, cfg: DriftConfig = DriftConfig(), use_cache: bool = True,
-                 progress=None) -> tuple[DriftResult, bool]:
+                 progress=None, variant: str = "pop") -> tuple[DriftResult, bool]:
     """drift() through the results store; the bool says whether it was a cache hit."""
     ids = [int(t) for t in prompt_ids]
     params = {**_model_params(lm), "prompt_sha": _sha(json.dumps(ids)), "prompt_tokens": len(ids),
-              "skip": sorted(int(i) for i in skip), "config": asdict(cfg)}
-    payload, hit = store.cached(KIND, params, lambda: drift(lm, ids, skip, cfg, progress).to_dict(),
-                                use_cache)
+              "skip": sorted(int(i) for i in skip), "config": asdict(cfg),
+              **_variant_params(lm, variant, skip)}
+    payload, hit = store.cached(
+        KIND, params, lambda: drift(lm, ids, skip, cfg, progress, variant).to_dict(), use_cache)
     return DriftResult.from_dict(payload), hit
+
+
+def _variant_params(lm, variant: str, skip) -> dict:
+    """Key parts of pop_repair: the repair in use (none for pop: earlier entries stay valid)."""
+    if variant not in ("pop", "pop_repair"):
+        raise DriftError(f"drift compares pop or pop_repair with the full model, not {variant!r}")
+    if variant == "pop":
+        return {}
+    return {"variant": variant, "repair": repair_maps(lm.adapter, skip).tag}
 
 
 def list_drifts() -> list[dict]:

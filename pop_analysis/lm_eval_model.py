@@ -3,6 +3,9 @@
     python -m pop_analysis lm_eval run --model pop-hf \\
         --model_args pretrained=smollm2-135m,skip_ratio=0.33 --tasks hellaswag
 
+`variant=pop_repair,repair=KEY|auto` evaluates the K/V repair (repair.py): a stored repair's key,
+or auto (the newest stored for the model and skip set, else one fitted on the builtin prompts).
+
 Semantics: log-likelihood requests run the context through the variant's pruned prefill (boundary
 token in full) and teacher-force the continuation through the full model; generate_until is POP
 generation (pruned prefill, full decode). Rolling log-likelihood scores each window the same way
@@ -52,7 +55,7 @@ class PopLM(TemplateLM):
                  variant: str = "pop", device=None, dtype=None, batch_size=1, max_batch_size=None,
                  max_length=None, max_gen_toks: int = 256, trust_remote_code: bool = False,
                  threads=None, add_bos_token: bool = False, lm: LoadedModel | None = None,
-                 **unused):
+                 repair=None, **unused):
         super().__init__()
         if unused:
             raise PopLMError(f"pop-hf does not know model_args {sorted(unused)}")
@@ -68,11 +71,24 @@ class PopLM(TemplateLM):
         check_variant(variant)
         self.variant = variant
         self.skip = parse_skip(self.lm.adapter.n_layers, skip, skip_ratio, preset)
+        self.repair = self._attach_repair(repair)
         self.add_bos_token = bool(add_bos_token)
         self._max_length = int(max_length) if max_length else (
             self.lm.adapter.shape.max_positions or DEFAULT_MAX_LENGTH)
         self.max_gen_toks = int(max_gen_toks)
         self._device = self.lm.device
+
+    def _attach_repair(self, spec):
+        """The repair pop_repair needs (model_args repair=KEY|auto), attached for self.skip."""
+        if self.variant != "pop_repair":
+            if spec:
+                raise PopLMError("repair= applies to variant=pop_repair only")
+            return None
+        if not spec:
+            raise PopLMError("variant=pop_repair needs repair=KEY or repair=auto")
+        from .repair_store import ensure
+
+        return ensure(self.lm, self.skip, str(spec))
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):

@@ -9,6 +9,8 @@ every layer's K/V for the whole run. Variants (for the paper's ablations):
     pop_no_kv        as pop, but skipped layers write no K/V for prompt positions
     pop_no_boundary  as pop, but x_N also goes through the pruned prefill
     static           skipped layers removed in prefill AND decode (ShortGPT-style)
+    pop_repair       as pop, but skipped layers project K/V with fitted maps registered on the
+                     adapter for this skip set (repair.py); x_N and decode run the original weights
 """
 from __future__ import annotations
 
@@ -17,16 +19,34 @@ from dataclasses import dataclass
 import torch
 
 from .adapter import DecoderAdapter
+from .skipset import describe
 
-VARIANTS = ("full", "pop", "pop_no_kv", "pop_no_boundary", "static")
+VARIANTS = ("full", "pop", "pop_no_kv", "pop_no_boundary", "static", "pop_repair")
 
 # How a layer in the skip set behaves during prefill, per variant.
 _PREFILL_SKIP_MODE = {"full": None, "pop": "kv", "pop_no_kv": "drop", "pop_no_boundary": "kv",
-                      "static": "drop"}
+                      "static": "drop", "pop_repair": "repair"}
 
 
 class PromptError(ValueError):
     """A prompt the model cannot take (empty, or longer than the context)."""
+
+
+class RepairError(ValueError):
+    """pop_repair without fitted maps for its skip set, or maps that do not fit the model."""
+
+
+def repair_maps(adapter: DecoderAdapter, skip):
+    """The fitted projections registered for exactly this skip set (an adapter.KVMaps: its
+    .maps are layer -> (k, v), its .tag names the repair)."""
+    key = tuple(sorted(int(i) for i in skip))
+    entry = adapter.kv_maps.get(key)
+    if entry is None:
+        have = "; ".join(describe(k) for k in adapter.kv_maps) or "none"
+        raise RepairError(f"pop_repair needs a repair fitted for skip set {describe(key)} "
+                          f"(registered: {have}); fit or load one (python -m pop_analysis "
+                          "repair fit, or --repair auto)")
+    return entry
 
 
 def check_variant(variant: str) -> None:
@@ -49,7 +69,8 @@ def prefill(adapter: DecoderAdapter, ids: torch.Tensor, cache, skip=(), skip_mod
     """Run positions start..start+T-1 through the stack; return the last hidden state (B, 1, D).
 
     skip_mode for layers in `skip`: None runs them in full, "kv" writes the independent K/V
-    projection of the incoming hidden state and passes it through, "drop" does nothing.
+    projection of the incoming hidden state and passes it through, "repair" does the same with
+    the fitted projections registered for `skip` (see `repair_maps`), "drop" does nothing.
     attention_mask (B, start+T), 1 = real token, 0 = left padding, covers every position so far;
     None means no padding.
     """
@@ -76,14 +97,15 @@ def _layers(adapter: DecoderAdapter, h, pos, cache, skip, skip_mode, pad, layers
     Each layer builds its own mask (cache lengths and sliding windows differ per layer) and
     receives h on its own device (a device_map may split the stack).
     """
+    maps = repair_maps(adapter, skip).maps if skip_mode == "repair" else {}
     skip = frozenset(skip) if skip_mode else frozenset()
     rope = adapter.rotary(h, pos)  # cos, sin: (B, T, Dh) (per layer type on Gemma-3)
     for i in layers:
         if i not in skip:
             mask = adapter.layer_mask(i, cache, h.shape[1], pad)  # (B|1, 1, T, S+T) or None
             h = adapter.run_layer(i, h, pos, rope, cache, mask)  # (B, T, D) on layer i's device
-        elif skip_mode == "kv":
-            k, v = adapter.project_kv(i, h, rope)  # (B, Hkv, T, Dh) each
+        elif skip_mode in ("kv", "repair"):
+            k, v = adapter.project_kv(i, h, rope, maps.get(i))  # (B, Hkv, T, Dh) each
             adapter.write_kv(cache, i, k, v)
     return h
 
@@ -156,6 +178,8 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
     attention_mask (B, N); x_N is then the last column for every row.
     """
     check_variant(variant)
+    if variant == "pop_repair":
+        repair_maps(adapter, skip)  # refuse before any work when no repair fits this skip set
     n = ids.shape[1]
     if attention_mask is not None and not bool(attention_mask[:, -1].bool().all()):
         raise PromptError("pad batches on the left: the last column must be a real token in "

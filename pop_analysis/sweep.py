@@ -43,6 +43,7 @@ ABLATIONS = {
     "pop_no_kv": ("pop_no_kv", "paper"),
     "pop_no_boundary": ("pop_no_boundary", "paper"),
     "static": ("static", "paper"),
+    "pop_repair": ("pop_repair", "paper"),  # needs SweepConfig.repair
 }
 
 
@@ -71,6 +72,7 @@ class SweepConfig:
     task_accuracy: bool = False  # also score GSM8K exact match (wants max_new_tokens ~256)
     retrieval_new_tokens: int = 8  # greedy tokens for the retrieval answer (length sweep)
     seed: int = 0  # retrieval task seed
+    repair: str | None = None  # K/V repair key or "auto": adds pop_repair rows (ratio sweep)
 
 
 @dataclass
@@ -203,17 +205,31 @@ def ratio_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=None
     t0 = time.perf_counter()
     n_layers = lm.adapter.n_layers
     skips = [last_block(n_layers, float(r)) for r in cfg.ratios]  # raises on a bad ratio
-    runs = [("pop" if skip else "full", skip) for skip in skips]
+    named = [(r, v, s) for r, s in zip(cfg.ratios, skips)
+             for v in (("pop", "pop_repair") if s and cfg.repair else ("pop" if s else "full",))]
+    runs = [(engine, skip) for _, engine, skip in named]
+    if cfg.repair:
+        attach_repairs(lm, [skip for engine, skip in runs if engine == "pop_repair"], cfg.repair)
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ratio sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
     rows = []
-    for r, (engine, skip) in zip(cfg.ratios, runs):
-        name = "pop" if skip else "full"
-        row = _row(lm, "ratio", name, engine, skip, row_quality(scores, run_key(engine, skip), n, answers),
-                   cfg, tracker, cfg.bench_tokens)
+    for r, engine, skip in named:
+        row = _row(lm, "ratio", engine, engine, skip,
+                   row_quality(scores, run_key(engine, skip), n, answers), cfg, tracker,
+                   cfg.bench_tokens)
         row.skip_ratio = float(r)  # the ratio asked for; skip_layers says what it rounded to
         rows.append(row)
     return _result(lm, "ratio", rows, cfg, t0, evalset)
+
+
+def attach_repairs(lm, skips, spec, progress=None) -> dict:
+    """Attach the repair `spec` (key or "auto") for each skip set; {skip set: repair key}."""
+    if not spec:
+        raise SweepError("pop_repair rows need a repair (--repair KEY or --repair auto)")
+    from .repair_store import ensure
+    from .skipset import describe
+
+    return {describe(s): ensure(lm, s, spec, progress).key for s in skips}
 
 
 def ablation_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=None,
@@ -226,6 +242,8 @@ def ablation_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=N
     n_layers = lm.adapter.n_layers
     runs = [(ABLATIONS[v][0], () if ABLATIONS[v][0] == "full" else preset(ABLATIONS[v][1], n_layers))
             for v in cfg.variants]
+    if "pop_repair" in cfg.variants:
+        attach_repairs(lm, [preset("paper", n_layers)], cfg.repair)
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ablation sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
     rows = [_row(lm, "ablation", name, engine, skip, row_quality(scores, run_key(engine, skip), n, answers),
@@ -318,7 +336,8 @@ def cached_sweep(lm: LoadedModel, kind: str, cfg: SweepConfig = SweepConfig(), u
     params = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype), "kind": kind,
               "config": dataclasses.asdict(cfg),
               "data": evalset.fingerprint if evalset else "synthetic",
-              "calibration": prefill_scores(calibration) if kind == "adaptive" else None}
+              "calibration": prefill_scores(calibration) if kind == "adaptive" else None,
+              "repairs": _repair_keys(lm, kind, cfg, progress)}  # None without pop_repair rows
 
     def compute() -> dict:
         if kind == "ratio":
@@ -331,6 +350,17 @@ def cached_sweep(lm: LoadedModel, kind: str, cfg: SweepConfig = SweepConfig(), u
 
     payload, hit = store.cached("sweep", params, compute, use_cache)
     return SweepResult.from_dict(payload), hit
+
+
+def _repair_keys(lm, kind: str, cfg: SweepConfig, progress) -> dict | None:
+    """The repairs a sweep's pop_repair rows will use (part of its cache key)."""
+    n = lm.adapter.n_layers
+    if kind == "ratio" and cfg.repair:
+        return attach_repairs(lm, [s for s in (last_block(n, float(r)) for r in cfg.ratios) if s],
+                              cfg.repair, progress)
+    if kind == "ablation" and "pop_repair" in cfg.variants:
+        return attach_repairs(lm, [preset("paper", n)], cfg.repair, progress)
+    return None
 
 
 def list_sweeps() -> list[dict]:

@@ -8,6 +8,7 @@ from ..progress import terminal_bar
 from ..skipset import describe
 from ..store import plain
 from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
+from ._repair import add_repair_arg, attach_repair
 
 
 def add_arguments(p) -> None:
@@ -27,6 +28,7 @@ def add_arguments(p) -> None:
                    help="text for --lengths: builtin or a .txt/.jsonl file (default: --dataset, "
                         "else the builtin prompts)")
     p.add_argument("--no-cache", action="store_true", help="recompute instead of reading the cache")
+    add_repair_arg(p)  # with a repair: pop_repair's drift beside pop's (before / after)
 
 
 def run(args) -> int:
@@ -36,21 +38,30 @@ def run(args) -> int:
     texts = _prompt_texts(args)
     lm = load(args)
     skip = skip_from_args(args, lm.adapter.n_layers)
-    results = []
+    rep = attach_repair(args, lm, skip, quiet=args.json)
+    variants = ["pop", "pop_repair"] if rep else ["pop"]
+    results = {v: [] for v in variants}
     for n, text in enumerate(texts, 1):
         ids = encode(lm, text, raw=args.raw)
-        bar = _labelled(f"prompt {n}/{len(texts)}")
-        results.append(cached_drift(lm, ids, skip, cfg, not args.no_cache, bar)[0])
-    result = average(results)
+        for v in variants:
+            bar = _labelled(f"prompt {n}/{len(texts)}")
+            results[v].append(cached_drift(lm, ids, skip, cfg, not args.no_cache, bar, v)[0])
+    result = average(results["pop"])
+    repaired = average(results["pop_repair"]) if rep else None
     by_length = []
     if lengths:
         source = args.text_source or args.dataset
         by_length, _ = cached_drift_by_length(lm, lengths, skip, cfg, source, not args.no_cache,
                                               terminal_bar)
     if args.json:
-        emit_json(plain(_payload(result, by_length)))
+        out = _payload(result, by_length)
+        if repaired:
+            out.update(repair=rep.key, pop_repair=_payload(repaired, []))
+        emit_json(plain(out))
     else:
         _print(result, by_length)
+        if repaired:
+            _print_repair(result, repaired, rep.key)
     return 0
 
 
@@ -86,6 +97,20 @@ def _payload(r, by_length: list[dict]) -> dict:
     out.update({"n_layers": r.n_layers, "n_prompts": r.n_prompts, "prompt_tokens": r.prompt_tokens,
                 "block_means": r.block_means()})
     return out
+
+
+def _print_repair(pop, fixed, key: str) -> None:
+    """Skipped layers' cosines before (pop) and after (pop_repair) the repair."""
+    print(f"\nrepair {key}: cosine to the full model, pop -> pop_repair")
+    print(f"{'layer':>5}  " + "  ".join(f"{q:>15}" for q in ("K", "V", "attn out")))
+    for i in pop.skip_layers:
+        cells = [f"{_num(getattr(r, f'{q}_cos')[i], 6, 4)}" for q in ("k", "v", "attn_out")
+                 for r in (pop, fixed)]
+        print(f"{i:>5}  " + "  ".join(f"{a} -> {b}" for a, b in zip(cells[::2], cells[1::2])))
+    before, after = pop.block_means(), fixed.block_means()
+    print("block mean: " + ", ".join(f"{q[:-4]} {before[q]:.4f} -> {after[q]:.4f}" for q in before))
+    print("mean KL(full||x): " + f"{sum(pop.kl) / len(pop.kl):.4f} -> "
+          f"{sum(fixed.kl) / len(fixed.kl):.4f}")
 
 
 def _num(x, width: int, digits: int) -> str:

@@ -6,6 +6,7 @@ from ..generate import SamplingConfig, encode
 from ..generate import run as run_generation
 from ..pop import VARIANTS
 from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
+from ._repair import add_repair_arg, attach_repair, need_repair
 
 
 def add_arguments(p) -> None:
@@ -22,6 +23,7 @@ def add_arguments(p) -> None:
     p.add_argument("--raw", action="store_true", help="tokenise the prompt as is, no chat template")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the untimed warm-up prompt pass (first timings then include warm-up)")
+    add_repair_arg(p)
 
 
 def parse_ids(text: str) -> list[int]:
@@ -37,8 +39,12 @@ def run(args) -> int:
     bad = [v for v in variants if v not in VARIANTS]
     if bad or not variants:
         raise ValueError(f"unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}")
+    if args.repair and "pop_repair" not in variants:
+        variants.append("pop_repair")
+    need_repair(args, variants)
     lm = load(args)
     skip = skip_from_args(args, lm.adapter.n_layers)
+    rep = attach_repair(args, lm, skip, quiet=args.json)
     ids = parse_ids(args.prompt_ids) if args.prompt_ids else encode(lm, args.prompt, raw=args.raw)
     vocab = lm.adapter.shape.vocab
     if any(not 0 <= i < vocab for i in ids):
@@ -54,7 +60,8 @@ def run(args) -> int:
     out = {"model": lm.name, "n_layers": lm.adapter.n_layers, "skip_layers": list(skip),
            "prompt_tokens": len(ids), "runs": runs,
            "prefill_speedup": round(speedup, 4) if speedup else None,
-           "ideal_speedup": round(ideal_speedup(lm.adapter.shape, len(ids), skip), 4)}
+           "ideal_speedup": round(ideal_speedup(lm.adapter.shape, len(ids), skip), 4),
+           "repair": rep.key if rep else None}
     if args.json:
         emit_json(out)
     elif speedup:

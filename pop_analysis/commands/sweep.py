@@ -8,6 +8,7 @@ from pathlib import Path
 from ..progress import terminal_bar
 from ..sweep import DEFAULT_SAMPLES, KINDS, SweepConfig, SweepError, cached_sweep, write_csv
 from ._common import add_model_args, emit_json, load, quiet_hf
+from ._repair import add_repair_arg
 
 SHOWN = ["kind", "variant", "skip_ratio", "length", "n", "prefill_speedup", "ideal_speedup",
          "continuation_nll", "next_token_kl", "next_token_top1", "greedy_agreement", "exact_match",
@@ -27,7 +28,8 @@ def add_arguments(p) -> None:
                         "the full model on GSM8K then has a 95%% interval narrower than 0.05 nats)")
     p.add_argument("--ratios", default=None, help="comma list, e.g. 0,0.2,0.25,0.33,0.4,0.5,0.6")
     p.add_argument("--variants", default=None,
-                   help="comma list of full,pop,shallow,interleaved,pop_no_kv,pop_no_boundary,static")
+                   help="comma list of full,pop,shallow,interleaved,pop_no_kv,pop_no_boundary,"
+                        "static,pop_repair")
     p.add_argument("--lengths", default=None, help="comma list of prompt lengths, e.g. 32,128,512,2048")
     p.add_argument("--calibration", default=None,
                    help="store key of a calibration (or a JSON file with a 'prefill' list): "
@@ -40,6 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--csv", default=None, metavar="PATH", help="also write the rows as CSV")
     p.add_argument("--no-cache", action="store_true", help="recompute even when cached")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_repair_arg(p)  # ratio sweep: a pop_repair row beside each pop row; ablation: pop_repair
 
 
 def _floats(text, flag):
@@ -69,7 +72,7 @@ def config_from_args(args) -> SweepConfig:
     return SweepConfig(dataset=args.dataset, n_samples=args.samples,
                        max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                        bench_tokens=args.bench_tokens, task_accuracy=args.task_accuracy,
-                       seed=args.seed, **kw)
+                       seed=args.seed, repair=args.repair, **kw)
 
 
 def kinds_from_args(args) -> list[str]:

@@ -1,0 +1,182 @@
+"""Fitted repairs on disk and on the runtime: store, list, load, check, attach, ensure.
+
+A repair lives under cache/results/repair/ as KEY.safetensors (the maps, float32, never pickle)
+beside KEY.json (the store's sidecar: model identity, skip set, data, settings, fit statistics).
+KEY hashes the model identity, skip set, data fingerprint and settings. Attaching registers the
+maps on the model's adapter for their skip set, where the pop_repair variant finds them; a repair
+fitted for another model or skip set is refused with one line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import store
+from .pop import RepairError
+from .repair import RepairConfig, calibration, check_block, fit_repair
+from .skipset import describe
+
+KIND = "repair"  # store kind
+
+
+@dataclass
+class Repair:
+    """Fitted K/V maps of one contiguous skip set of one model."""
+
+    key: str  # store key ("" until saved)
+    skip: tuple[int, ...]  # the skip set the maps were fitted for
+    model: dict  # model_identity() of the model they were fitted on
+    config: RepairConfig  # what they were fitted on
+    tensors: dict  # "L.k.weight" (out, D), "L.k.bias" (out,), "L.v.weight", "L.v.bias" per layer
+    info: dict  # data, token count, per-layer alpha and R^2, timings
+
+    def maps(self) -> dict:
+        """layer -> (k weight, k bias, v weight, v bias), as adapter.register_kv_maps takes."""
+        t = self.tensors
+        return {i: tuple(t[f"{i}.{n}.{p}"] for n in "kv" for p in ("weight", "bias"))
+                for i in self.skip}
+
+    def nbytes(self, dtype: torch.dtype = torch.float32) -> int:
+        """Memory of the extra projections held in `dtype`."""
+        size = torch.empty((), dtype=dtype).element_size()
+        return sum(t.numel() for t in self.tensors.values()) * size
+
+
+def model_identity(lm) -> dict:
+    """What a repair must match: shape, and a fingerprint of the first and last layers' K/V
+    weights rounded to bfloat16 (so float32 and bfloat16 loads of one checkpoint agree)."""
+    a = lm.adapter
+    h = hashlib.sha256()
+    for i in (0, a.n_layers - 1):
+        for proj in (a.k_proj(i), a.v_proj(i)):
+            w = proj.weight.detach().to("cpu", torch.bfloat16).view(torch.int16)
+            h.update(w.numpy().tobytes())
+    s = a.shape
+    return {"name": lm.name, "fingerprint": h.hexdigest()[:16], "layers": s.n_layers,
+            "hidden": s.hidden, "kv_dim": s.n_kv_heads * s.head_dim}
+
+
+def _params(model: dict, skip, data_fingerprint: str, cfg: RepairConfig) -> dict:
+    """The parameters that determine a repair (hashed into its store key)."""
+    model = {k: v for k, v in model.items() if k != "name"}  # the same weights under any name
+    return {"model": model, "skip": [int(i) for i in skip], "data": data_fingerprint,
+            "config": dataclasses.asdict(cfg)}
+
+
+def params_of(rep: Repair) -> dict:
+    return _params(rep.model, rep.skip, rep.info["data"]["fingerprint"], rep.config)
+
+
+def _path(key: str) -> Path:
+    return store.results_dir(KIND) / f"{key}.safetensors"
+
+
+def save(rep: Repair) -> Repair:
+    """Write the maps (atomically) and then the sidecar; returns the repair with its key."""
+    from safetensors.torch import save_file
+
+    params = params_of(rep)
+    rep.key = store.make_key(params)
+    folder = store.results_dir(KIND)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{rep.key}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(rep.tensors, tmp, metadata={"key": rep.key, "skip": describe(rep.skip)})
+        os.replace(tmp, _path(rep.key))
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    payload = {"skip": list(rep.skip), "model": rep.model, "config": dataclasses.asdict(rep.config),
+               "info": rep.info}
+    store.save(KIND, rep.key, payload, {**params, "name": rep.model["name"],
+                                        "data_name": rep.info["data"]["name"],
+                                        "n_tokens": rep.info["n_tokens"]})
+    return rep
+
+
+def load(key: str) -> Repair:
+    """A stored repair by key; a one-line RepairError when missing or unreadable."""
+    from safetensors.torch import load_file
+
+    payload = store.load(KIND, key)
+    if payload is None or not _path(key).is_file():
+        raise RepairError(f"no stored repair {key!r} (python -m pop_analysis repair list)")
+    try:
+        tensors = load_file(str(_path(key)))
+        cfg = dict(payload["config"], alphas=tuple(payload["config"]["alphas"]))
+        return Repair(key, tuple(payload["skip"]), payload["model"], RepairConfig(**cfg), tensors,
+                      payload["info"])
+    except Exception as e:  # noqa: BLE001 - a damaged file or sidecar: one line
+        raise RepairError(f"stored repair {key!r} is unreadable ({type(e).__name__}); "
+                          "delete it and fit again") from None
+
+
+def entries(lm=None, skip=None) -> list[dict]:
+    """Stored repairs, newest first; only those matching `lm` (and `skip`) when given."""
+    out = store.entries(KIND)
+    if lm is not None:
+        fp = model_identity(lm)["fingerprint"]
+        out = [e for e in out if e["params"].get("model", {}).get("fingerprint") == fp]
+    if skip is not None:
+        want = sorted(int(i) for i in skip)
+        out = [e for e in out if e["params"].get("skip") == want]
+    return out
+
+
+def check_compatible(lm, rep: Repair, skip=None) -> None:
+    """Refuse, in one line, a repair fitted for another model or another skip set."""
+    mine = model_identity(lm)
+    theirs = {k: v for k, v in rep.model.items() if k != "name"}
+    if any(mine.get(k) != v for k, v in theirs.items()):
+        raise RepairError(f"repair {rep.key or '(unsaved)'} was fitted for model "
+                          f"{rep.model.get('name')} ({rep.model.get('fingerprint')}), not for "
+                          f"{mine['name']} ({mine['fingerprint']})")
+    if skip is not None and tuple(sorted(int(i) for i in skip)) != tuple(rep.skip):
+        raise RepairError(f"repair {rep.key or '(unsaved)'} was fitted for skip set "
+                          f"{describe(rep.skip)}, not {describe(skip)}")
+
+
+def attach(lm, rep: Repair, skip=None) -> Repair:
+    """Register the repair's maps on the model for its skip set (pop_repair then uses them)."""
+    check_compatible(lm, rep, skip)
+    lm.adapter.register_kv_maps(rep.skip, rep.maps(), rep.key)
+    return rep
+
+
+def fit_and_store(lm, skip, cfg: RepairConfig = RepairConfig(), progress=None,
+                  use_cache: bool = True) -> tuple[Repair, bool]:
+    """(repair, was_stored): the stored repair for these settings and data, or fit and store."""
+    skip = check_block(skip, lm.adapter.n_layers)
+    data = calibration(lm, cfg)
+    key = store.make_key(_params(model_identity(lm), skip, data.fingerprint, cfg))
+    if use_cache and store.load(KIND, key) is not None and _path(key).is_file():
+        return load(key), True
+    return save(fit_repair(lm, skip, cfg, progress, data)), False
+
+
+def ensure(lm, skip, spec="auto", progress=None) -> Repair:
+    """Attach a repair for this skip set: spec is a store key, "auto" (the newest stored one for
+    this model and skip set, else a fit with the default settings) or a RepairConfig."""
+    skip = check_block(skip, lm.adapter.n_layers)
+    if isinstance(spec, RepairConfig):
+        return attach(lm, fit_and_store(lm, skip, spec, progress)[0], skip)
+    if spec == "auto":
+        found = entries(lm, skip)
+        rep = load(found[0]["key"]) if found else fit_and_store(lm, skip, RepairConfig(),
+                                                                 progress)[0]
+        return attach(lm, rep, skip)
+    return attach(lm, load(str(spec)), skip)
+
+
+def memory(lm, rep: Repair) -> dict:
+    """Bytes of the extra projections (in the model's dtype) beside the model's own size."""
+    params = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    extra = rep.nbytes(lm.dtype)
+    return {"repair_bytes": extra, "model_bytes": params, "share": extra / params}
