@@ -121,7 +121,7 @@ def calibration(lm, cfg: RepairConfig) -> Calibration:
     from .generate import encode
 
     if cfg.answers:
-        from .evaluate import load_eval_set
+        from .evalsets import load_eval_set
 
         items = load_eval_set(lm, cfg.data, cfg.n_samples, raw=cfg.raw)
         if not any(it.reference_ids for it in items.items):

@@ -10,7 +10,7 @@ from pop_analysis.commands import drift as drift_cmd
 from pop_analysis.commands import generate as generate_cmd
 from pop_analysis.commands import repair as repair_cmd
 from pop_analysis.drift import DriftConfig, drift
-from pop_analysis.evaluate import score_continuations
+from pop_analysis.metrics import score_continuations
 from pop_analysis.generate import encode
 from pop_analysis.lm_eval_model import PopLM, PopLMError
 from pop_analysis.models import model_from_hf
