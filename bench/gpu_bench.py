@@ -3,8 +3,10 @@
 Models: the embedded SmolLM2-135M, and randomly initialised models shaped like Llama-3.1-8B and
 Gemma-3-12B (text), built from configs in code on the device (weights do not change timing;
 nothing is downloaded). Each model is first checked against HF's own forward on the same device
-and dtype, then timed with pop_analysis.bench (CUDA-synchronised, full and POP alternated, median
-of repeats). Writes <out>/gpu_bench.json after every row and a plot <out>/gpu_bench.html (plus a
+and dtype, then timed with the project's timing protocol (pop_analysis.timing through
+pop_analysis.bench: CUDA-synchronised, full and POP alternated with the order swapped every round,
+median of the per-round ratios with their IQR, noisy results flagged), beside the FLOP and
+roofline ideals (the device's matmul rate and bandwidth are measured once and cached). Writes <out>/gpu_bench.json after every row and a plot <out>/gpu_bench.html (plus a
 PNG when matplotlib is installed).
 
     python bench/gpu_bench.py                 # on a CUDA GPU, bf16, the paper's shapes
@@ -129,14 +131,19 @@ def run_spec(spec: Spec, args, device: str, dtype: torch.dtype, report: dict, sa
             if time.perf_counter() - report["_t0"] > args.max_seconds:
                 entry["rows"].append({"batch": batch, "length": length, "skipped": "time budget"})
                 continue
-            row = bench_length(lm, length, skip, repeats=args.repeats, batch=batch).as_dict()
+            row = bench_length(lm, length, skip, repeats=args.repeats, budget_s=args.timing_budget,
+                               batch=batch).as_dict()
             row["batch"] = batch
             row["paper_speedup_batch8"] = PAPER_TABLE2.get(spec.name, {}).get(length)
             entry["rows"].append(row)
             save()
+            lo, hi = row["speedup_range"]
+            flag = "" if row["timing_trustworthy"] else f"  FLAGGED: {row['timing_note']}"
             print(f"{spec.name:>28} b={batch} n={length:>5}: full {row['ttft_full_ms']:9.2f} ms"
                   f"  pop {row['ttft_pop_ms']:9.2f} ms  speedup {row['speedup']:.2f}x"
-                  f" (ideal {row['ideal_speedup']:.2f}x)", flush=True)
+                  f" [IQR {lo:.2f}-{hi:.2f}, {row['timing_rounds']} rounds]"
+                  f" (ideal {row['ideal_speedup']:.2f}x FLOPs, {row['roofline_speedup']:.2f}x"
+                  f" roofline){flag}", flush=True)
     del lm
     gc.collect()
     if device.startswith("cuda"):
@@ -218,7 +225,10 @@ def parse_args(argv=None):
     p.add_argument("--lengths", default=None,
                    help="comma list (default 32,128,512,2048; quick 32,128)")
     p.add_argument("--batches", default="1,8", help="comma list of batch sizes")
-    p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5; quick 2)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="fewest timed rounds (default 5; quick 3; the protocol runs at least 3)")
+    p.add_argument("--timing-budget", type=float, default=None,
+                   help="seconds of timed rounds per row (default 5; quick 1)")
     p.add_argument("--models", default=None, help="comma list of model names to run (default all)")
     p.add_argument("--max-seconds", type=float, default=1e9, help="skip rows after this long")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (reported)")
@@ -227,7 +237,8 @@ def parse_args(argv=None):
     args.lengths = [int(x) for x in (args.lengths or ("32,128" if args.quick else
                                                      "32,128,512,2048")).split(",")]
     args.batches = [int(x) for x in args.batches.split(",")]
-    args.repeats = args.repeats or (2 if args.quick else 5)
+    args.repeats = args.repeats or (3 if args.quick else 5)
+    args.timing_budget = args.timing_budget or (1.0 if args.quick else 5.0)
     return args
 
 

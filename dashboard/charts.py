@@ -10,6 +10,7 @@ import math
 import plotly.graph_objects as go
 
 PREFILL, DECODE, POP, FULL = "#1f77b4", "#ff7f0e", "#2ca02c", "#444444"
+FLAGGED = "#d62728"  # a speed the timing protocol did not trust
 COSINES = {"hidden": "#1f77b4", "k": "#9467bd", "v": "#d62728", "attn_out": "#2ca02c"}
 COSINE_NAMES = {"hidden": "hidden state", "k": "K cache", "v": "V cache",
                 "attn_out": "attention output (decode)"}
@@ -241,15 +242,48 @@ def drift_length_chart(rows: list[dict]) -> go.Figure:
 
 # ---------- sweeps ----------
 
+def _trusted(r: dict) -> bool:
+    """A row's speed is trusted only when the timing protocol said so (older rows: not)."""
+    return bool(r.get("timing_trustworthy", False))
+
+
+def speed_traces(fig: go.Figure, x: list, rows: list[dict]) -> go.Figure:
+    """Measured speedup (median) with IQR error bars, both ideals, and flagged points ringed
+    in red with the reason on hover."""
+    y = [r["prefill_speedup"] for r in rows]
+    ranges = [r.get("speedup_range") or [v, v] for r, v in zip(rows, y)]
+    notes = [r.get("timing_note") or "" for r in rows]
+    fig.add_trace(go.Scatter(
+        x=x, y=y, name="measured (median, IQR bars)", mode="lines+markers",
+        line=dict(color=POP), marker=dict(color=[POP if _trusted(r) else FLAGGED for r in rows]),
+        error_y=dict(type="data", symmetric=False, array=[hi - v for (_, hi), v in zip(ranges, y)],
+                     arrayminus=[v - lo for (lo, _), v in zip(ranges, y)], color=POP, thickness=1.2),
+        customdata=[[lo, hi, r.get("timing_rounds", 0), n] for (lo, hi), r, n in
+                    zip(ranges, rows, notes)],
+        hovertemplate="%{y:.2f}× (IQR %{customdata[0]:.2f}–%{customdata[1]:.2f}, "
+                      "%{customdata[2]} rounds)<br>%{customdata[3]}<extra></extra>"))
+    bad = [i for i, r in enumerate(rows) if not _trusted(r)]
+    if bad:
+        fig.add_trace(go.Scatter(
+            x=[x[i] for i in bad], y=[y[i] for i in bad], name="flagged: not trustworthy",
+            mode="markers", marker=dict(symbol="circle-open", size=16, color=FLAGGED,
+                                        line=dict(width=2)),
+            text=[notes[i] or "not timed by the protocol" for i in bad],
+            hovertemplate="flagged: %{text}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x, y=[r.get("ideal_speedup") for r in rows], name="ideal (FLOPs)",
+                             mode="lines", line=dict(color=POP, dash="dot")))
+    if any(r.get("roofline_speedup") is not None for r in rows):
+        fig.add_trace(go.Scatter(x=x, y=[r.get("roofline_speedup") for r in rows],
+                                 name="ideal (roofline: FLOPs and bytes)", mode="lines",
+                                 line=dict(color=FULL, dash="dashdot")))
+    return fig
+
+
 def ratio_chart(rows: list[dict], quality: str, paper: dict | None = None) -> go.Figure:
     """Measured / ideal prefill speedup and a quality metric over skip ratios (+ paper's Table 4)."""
     rows = sorted(rows, key=lambda r: r["skip_ratio"])
     x = [r["skip_ratio"] for r in rows]
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=x, y=[r["prefill_speedup"] for r in rows], name="prefill speedup",
-                             mode="lines+markers", line=dict(color=POP)))
-    fig.add_trace(go.Scatter(x=x, y=[r["ideal_speedup"] for r in rows], name="ideal (FLOPs)",
-                             mode="lines", line=dict(color=POP, dash="dot")))
+    fig = speed_traces(go.Figure(), x, rows)
     fig.add_trace(go.Scatter(x=x, y=[r.get(quality) for r in rows], name=quality, yaxis="y2",
                              mode="lines+markers", line=dict(color=DECODE)))
     if paper:
@@ -268,12 +302,7 @@ def ratio_chart(rows: list[dict], quality: str, paper: dict | None = None) -> go
 def length_chart(rows: list[dict], paper: dict | None = None) -> go.Figure:
     """Measured prefill speedup vs prompt length (+ the paper's Table 2 rows)."""
     rows = sorted(rows, key=lambda r: r["length"])
-    fig = go.Figure(go.Scatter(x=[r["length"] for r in rows], y=[r["prefill_speedup"] for r in rows],
-                               name="measured", mode="lines+markers", line=dict(color=POP)))
-    if any("ideal_speedup" in r for r in rows):
-        fig.add_trace(go.Scatter(x=[r["length"] for r in rows],
-                                 y=[r.get("ideal_speedup") for r in rows], name="ideal (FLOPs)",
-                                 mode="lines", line=dict(color=POP, dash="dot")))
+    fig = speed_traces(go.Figure(), [r["length"] for r in rows], rows)
     for name, pts in (paper or {}).items():
         fig.add_trace(go.Scatter(x=pts["length"], y=pts["speedup"], name=f"paper: {name}",
                                  mode="lines+markers", line=dict(dash="dash")))

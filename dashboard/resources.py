@@ -27,10 +27,49 @@ def shared_model(name: str, device: str | None, dtype: str | None):
     return lm
 
 
+class Held:
+    """What holding the run lock yields: whether another run held or wanted the model."""
+
+    contended = False  # True once another run held the lock first or queued for it meanwhile
+
+
+class RunLock:
+    """A model's run lock that knows when it was contended (the timing protocol flags that).
+
+    Timing takes it once per round (pop_analysis.timing): the wait is never inside a timed
+    interval, and a round during which another session queued is flagged too.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._count = threading.Lock()
+        self.waiting = 0  # runs blocked on the lock right now
+
+    @contextmanager
+    def hold(self, on_wait=None):
+        held = Held()
+        if not self._lock.acquire(blocking=False):
+            held.contended = True
+            with self._count:
+                self.waiting += 1
+            try:
+                if on_wait is not None:
+                    on_wait()
+                self._lock.acquire()
+            finally:
+                with self._count:
+                    self.waiting -= 1
+        try:
+            yield held
+        finally:
+            held.contended = held.contended or self.waiting > 0
+            self._lock.release()
+
+
 @st.cache_resource(show_spinner=False)
-def model_lock(name: str, device: str | None, dtype: str | None) -> threading.Lock:
+def model_lock(name: str, device: str | None, dtype: str | None) -> RunLock:
     """Serialises runs on one model so two sessions never interleave inside it."""
-    return threading.Lock()
+    return RunLock()
 
 
 def unload_models() -> None:
@@ -46,18 +85,10 @@ def unload_models() -> None:
         pass
 
 
-@contextmanager
 def locked(name: str, device: str | None, dtype: str | None, on_wait=None):
-    """Hold the model's run lock; `on_wait()` is called once if another session holds it."""
-    lock = model_lock(name, device, dtype)
-    if not lock.acquire(blocking=False):
-        if on_wait is not None:
-            on_wait()
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
+    """Hold the model's run lock (a context manager yielding a Held); `on_wait()` is called once
+    if another session holds it."""
+    return model_lock(name, device, dtype).hold(on_wait)
 
 
 def memory_in_use() -> dict:

@@ -4,11 +4,10 @@ import html
 import streamlit as st
 import torch
 
-from dashboard import charts, state, widgets
+from dashboard import charts, speed, state, widgets
 from dashboard.examples import EXAMPLES
 from dashboard.resources import warmed_up
 from dashboard.streaming import agreement, stream_variant, token_pieces
-from pop_analysis.flops import ideal_speedup
 from pop_analysis.generate import SamplingConfig, encode
 from pop_analysis.skipset import SkipSetError, describe, preset, validate
 
@@ -64,13 +63,15 @@ if clicked:
     try:
         ids = encode(lm, prompt or "", raw=raw)
         validate(run_skip, n)
+        engine = "pop" if variant in ("shallow", "interleaved") else variant
         with widgets.run_lock():
             warmed_up(*state.model_spec().key)
             full = stream_variant(lm, ids, "full", (), cfg, live(out["full"]))
-            other = stream_variant(lm, ids, "pop" if variant in ("shallow", "interleaved") else variant,
-                                   run_skip, cfg, live(out["other"]))
+            other = stream_variant(lm, ids, engine, run_skip, cfg, live(out["other"]))
+        measured = speed.measure(lm, state.model_spec().key, ids, engine, run_skip)
         st.session_state[state.GENERATION] = {"prompt_tokens": len(ids), "full": full, "other": other,
-                                              "label": VARIANTS[variant]}
+                                              "label": VARIANTS[variant], "prompt_ids": ids,
+                                              "engine": engine, "speed": measured}
     except torch.OutOfMemoryError:
         st.error("Out of memory: try fewer new tokens, a shorter prompt or a smaller model.")
     except (ValueError, SkipSetError, RuntimeError) as e:
@@ -95,20 +96,23 @@ if res:
     share, first = agreement(full["token_ids"], other["token_ids"])
     out["full"].markdown(highlighted(full["token_ids"], first), unsafe_allow_html=True)
     out["other"].markdown(highlighted(other["token_ids"], first), unsafe_allow_html=True)
-    m = st.columns(5)
-    m[0].metric("TTFT full", f"{full['ttft_s'] * 1e3:.0f} ms")
-    m[1].metric("TTFT POP", f"{other['ttft_s'] * 1e3:.0f} ms")
-    speed = full["ttft_s"] / other["ttft_s"] if other["ttft_s"] > 0 else float("nan")
-    m[2].metric("Prefill speedup", f"{speed:.2f}×",
-                f"ideal {ideal_speedup(lm.adapter.shape, res['prompt_tokens'], other['skip']):.2f}×",
-                delta_color="off")
-    m[3].metric("Decode tok/s (full / POP)",
+    if res.get("speed") is not None and "prompt_ids" in res:
+        if st.button("Re-measure speed", key="gen.remeasure",
+                     help="Run the timing protocol again on the same prompt"):
+            try:
+                res["speed"] = speed.measure(lm, state.model_spec().key, res["prompt_ids"],
+                                             res["engine"], other["skip"])
+            except (ValueError, RuntimeError) as e:
+                st.error(f"Re-measuring failed: {e}")
+        speed.show(res["speed"])
+    m = st.columns(2)
+    m[0].metric("Decode tok/s (full / POP)",
                 " / ".join(f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "–" for r in (full, other)))
-    m[4].metric("Token agreement", f"{share:.0%}",
+    m[1].metric("Token agreement", f"{share:.0%}",
                 "identical" if first is None else f"first divergence at token {first}", delta_color="off")
-    st.caption(f"Prompt: {res['prompt_tokens']} tokens. One run each, measured back to back; "
-               "TTFT includes the boundary step. A yellow mark is the first token where the "
-               "two outputs differ; grey text follows it.")
+    st.caption(f"Prompt: {res['prompt_tokens']} tokens. A yellow mark is the first token where "
+               "the two outputs differ; grey text follows it. The token arrival chart below is "
+               "the streamed run, one each.")
     st.plotly_chart(charts.arrival_chart({"full": full["times"], res["label"]: other["times"]}),
                     key="gen.arrival")
     st.subheader("What ran: calls per layer and stage")

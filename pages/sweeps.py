@@ -4,13 +4,16 @@ import datetime
 import streamlit as st
 import torch
 
-from dashboard import charts, data, state, widgets
+from dashboard import charts, data, speed, state, widgets
 from pop_analysis import sweep as sw
 
 st.title("Sweeps: speed vs quality")
 st.markdown("Results of the evaluation sweeps (the CLI fills the same store), each next to the "
-            "paper's numbers. Speedups measured on a shared CPU are noisy; ratios timed back to "
-            "back in one process are meaningful.")
+            "paper's numbers. Every speedup comes from the timing protocol: full model and "
+            "variant alternated with the order swapped each round, the median of the per-round "
+            "ratios with their interquartile range as error bars. Points ringed in red were "
+            "flagged (noisy rounds, a busy machine, or above what is possible): hover for why, "
+            "and re-run the sweep when the machine is quieter.")
 
 KINDS = {"ratio": "speed vs quality over skip ratios", "ablation": "the paper's ablations",
          "length": "prefill speedup vs input length", "adaptive": "adaptive skip sets from scores"}
@@ -23,7 +26,7 @@ with st.expander("Run a sweep", expanded=False):
     kind = c[0].selectbox("Sweep", list(KINDS), format_func=KINDS.get, key="sw.kind")
     n_samples = c[1].number_input("Samples", 1, 500, 4, key="sw.n")
     max_new = c[2].number_input("New tokens", 1, 256, 16, key="sw.len")
-    repeats = c[3].number_input("Timing repeats", 1, 20, 3, key="sw.rep")
+    repeats = c[3].number_input("Timing rounds (at least)", 3, 50, 3, key="sw.rep")
     dataset = c[4].text_input("Data set", "gsm8k", key="sw.data", help="gsm8k, wizardlm, builtin, a path")
     if st.button("Run sweep", type="primary", key="sw.go"):
         cfg = sw.SweepConfig(dataset=dataset, n_samples=int(n_samples), max_new_tokens=int(max_new),
@@ -81,7 +84,7 @@ else:
     if res.kind == "ablation" and "variant" in frame:
         paper = sw.paper_frame("table3").add_prefix("paper ")
         frame = frame.join(paper, on="variant")
-    st.dataframe(frame, hide_index=True, key="sw.table")
+    st.dataframe(speed.sweep_table(frame, res.kind), hide_index=True, key="sw.table")
 
 st.subheader("The paper's numbers")
 for name in ("table4", "table3", "table2", "table1"):

@@ -2,7 +2,8 @@
 input length (Table 2), and importance-based skip sets against the contiguous last third.
 
 Every row carries a measured prefill speedup (TTFT of the full model / TTFT of the variant,
-alternated in one process, medians of `repeats`) beside its quality numbers: all variants of a
+through the timing protocol: order swapped every round, median with its IQR, noise flagged)
+beside its quality numbers: all variants of a
 sweep are evaluated together in batches with the full model's pass shared (evaluate.py), and every
 quality number has n, a 95% interval and, against the full model, a paired difference (quality.py).
 Results are cached through store.py under kind "sweep", so the CLI fills the dashboard's page.
@@ -16,10 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from . import store
-from .bench import random_prompt, ttft_once
+from .bench import PrefillSpeed, random_prompt, time_prefill
 from .evalsets import load_eval_set
 from .evaluate import FULL
-from .flops import ideal_speedup
 from .models import LoadedModel
 from .pop import check_prompt
 from .items import EvalSet
@@ -30,6 +30,9 @@ from .skipset import SkipSetError, last_block, preset
 from .paper import PAPER_TABLES, paper_frame  # noqa: F401 - part of this module's API
 from .suggest import lowest
 from .sweep_quality import answers_metric, evaluate_runs, row_quality, run_key
+from .timing import TimingConfig, TimingError
+
+TIMING_PROTOCOL = "swapped-order rounds, median and IQR, flags (v1)"  # part of the cache key
 
 KINDS = ("ratio", "ablation", "length", "adaptive")
 
@@ -67,7 +70,8 @@ class SweepConfig:
                                  "pop_no_boundary", "static")  # ablation sweep rows
     lengths: tuple[int, ...] = (32, 128, 512, 2048)  # length sweep: prompt tokens
     max_new_tokens: int = 32  # greedy tokens compared with the full model
-    repeats: int = 3  # timed rounds per speedup (median), after one warm-up round
+    repeats: int = 3  # fewest timed rounds per speedup (the protocol runs at least 3)
+    timing_budget_s: float = 2.0  # more rounds per speedup while they fit in this many seconds
     bench_tokens: int = 512  # prompt length of the speedup in ratio / ablation / adaptive rows
     task_accuracy: bool = False  # also score GSM8K exact match (wants max_new_tokens ~256)
     retrieval_new_tokens: int = 8  # greedy tokens for the retrieval answer (length sweep)
@@ -80,8 +84,8 @@ class SweepRow(store.Record):
     variant: str  # sweep variant name (ABLATIONS key, or "adaptive")
     skip_ratio: float  # len(skip_layers) / L
     skip_layers: list[int]
-    prefill_speedup: float  # measured TTFT(full) / TTFT(variant), 1.0 for the full model
-    ideal_speedup: float  # POP's FLOP ratio for this skip set at the timed length
+    prefill_speedup: float  # median per-round TTFT(full) / TTFT(variant); 1.0 for the full model
+    ideal_speedup: float  # the variant's FLOP ratio for this skip set at the timed length
     continuation_nll: float  # mean per-token NLL of the reference continuation (NaN: not measured)
     greedy_agreement: float  # mean token match rate with the full model's greedy output
     exact_match: float | None = None  # GSM8K exact match (task_accuracy)
@@ -100,6 +104,12 @@ class SweepRow(store.Record):
     full_retrieval_acc: float | None = None  # the full model on the same items
     next_token_kl: float | None = None  # mean over items of the per-token KL(full || variant), nats
     next_token_top1: float | None = None  # continuation tokens where the argmax is the full model's
+    # Speed as the timing protocol measured it (defaults: a row stored before the protocol).
+    speedup_range: list[float] | None = None  # [q1, q3] of the per-round ratios
+    timing_rounds: int = 0  # timed rounds (0: not timed)
+    timing_trustworthy: bool = False  # no noise flag raised
+    timing_note: str | None = "timed before the timing protocol: re-run the sweep"  # why not
+    roofline_speedup: float | None = None  # roofline ideal (FLOPs and bytes, this machine)
     intervals: dict = field(default_factory=dict)  # M_ci, M_delta, M_delta_ci ... (flattened)
 
     def to_dict(self) -> dict:
@@ -129,23 +139,35 @@ class SweepResult(store.Record):
 # ---------------------------------------------------------------- timing
 
 
-def measure_speedup(lm: LoadedModel, variant: str, skip, length: int, repeats: int = 3,
-                    warmup: int = 1, tick=None) -> tuple[float, float, float]:
-    """(speedup, full ms, variant ms): TTFT alternated full / variant, medians after warm-up.
+def timing_config(cfg: SweepConfig) -> TimingConfig:
+    """The protocol's settings for a sweep's rows; raises SweepError on impossible ones."""
+    try:
+        return TimingConfig(min_rounds=cfg.repeats, budget_s=cfg.timing_budget_s)
+    except TimingError as e:
+        raise SweepError(str(e)) from None
+
+
+def measure_speedup(lm: LoadedModel, variant: str, skip, length: int,
+                    timing: TimingConfig = TimingConfig(), tick=None) -> PrefillSpeed:
+    """The timing protocol on a seeded random prompt of `length` tokens.
 
     `tick()` is called after each round (long prompts: keeps a progress bar alive)."""
     check_prompt(lm.adapter, length)
-    ids = random_prompt(lm, length)
-    full, var = [], []
-    for r in range(warmup + max(1, repeats)):
-        a, b = ttft_once(lm, ids, "full", skip), ttft_once(lm, ids, variant, skip)
-        if r >= warmup:
-            full.append(a)
-            var.append(b)
-        if tick:
-            tick()
-    f, v = statistics.median(full), statistics.median(var)
-    return f / v, f * 1e3, v * 1e3
+    ids = random_prompt(lm, length)  # (1, N)
+    return time_prefill(lm, ids, variant, skip, timing,
+                        on_round=(lambda done, planned: tick()) if tick else None)
+
+
+def _speed_fields(lm, engine, skip, length, cfg, tick) -> dict:
+    """The speed part of a row: the protocol's result, or the full model's own 1.0."""
+    if engine == "full" or not skip:
+        return dict(prefill_speedup=1.0, ideal_speedup=1.0, roofline_speedup=1.0,
+                    speedup_range=[1.0, 1.0], timing_rounds=0, timing_trustworthy=True,
+                    timing_note=None)
+    p = measure_speedup(lm, engine, skip, length, timing_config(cfg), tick)
+    return dict(prefill_speedup=p.speedup, ideal_speedup=p.ideal_speedup,
+                ttft_full_ms=p.timing.full_median_ms, ttft_ms=p.timing.variant_median_ms,
+                **p.fields())
 
 
 # ---------------------------------------------------------------- rows
@@ -161,26 +183,22 @@ def _row(lm, kind, name, engine, skip, quality: dict, cfg, tracker, length) -> S
     """One variant's quality fields (`row_quality`; {} without items) and its measured speedup at
     `length` tokens."""
     n_layers = lm.adapter.n_layers
-    if engine == "full" or not skip:
-        speed, full_ms, var_ms, ideal = 1.0, None, None, 1.0
-    else:
-        tick = lambda: tracker.step(0, message=f"{kind}: timing {name}")  # noqa: E731
-        speed, full_ms, var_ms = measure_speedup(lm, engine, skip, length, cfg.repeats, tick=tick)
-        ideal = ideal_speedup(lm.adapter.shape, length, skip)
+    tick = lambda: tracker.step(0, message=f"{kind}: timing {name}")  # noqa: E731
+    speed = _speed_fields(lm, engine, skip, length, cfg, tick)
     tracker.step(message=f"{kind}: timed {name}")
     q = dict(quality)
     declared = {f.name for f in dataclasses.fields(SweepRow)}
     nan = float("nan")
     return SweepRow(
-        variant=name, skip_ratio=len(skip) / n_layers, skip_layers=sorted(skip),
-        prefill_speedup=speed, ideal_speedup=ideal,
+        variant=name, skip_ratio=len(skip) / n_layers, skip_layers=sorted(skip), **speed,
         continuation_nll=q.pop("continuation_nll", nan), greedy_agreement=q.pop("greedy_agreement", nan),
-        kind=kind, length=length, ttft_full_ms=full_ms, ttft_ms=var_ms, engine_variant=engine,
+        kind=kind, length=length, engine_variant=engine,
         **{k: q.pop(k) for k in list(q) if k in declared}, intervals=q)
 
 
 def _prepare(lm, cfg, evalset, runs, progress, message):
     """(evalset, scores, tracker) for `runs`, a list of (engine, skip) rows."""
+    timing_config(cfg)  # bad timing settings fail before any evaluation
     evalset = evalset or load_eval_set(lm, cfg.dataset, cfg.n_samples, seed=cfg.seed)
     n_eval = len({run_key(e, s) for e, s in runs} | {FULL.name})
     tracker = Tracker(len(evalset.items) * n_eval + len(runs), progress, message)
@@ -260,6 +278,7 @@ def length_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=Non
     t0 = time.perf_counter()
     if not cfg.lengths or min(cfg.lengths) < 2:
         raise SweepError("the length sweep needs prompt lengths of at least 2 tokens")
+    timing_config(cfg)
     skip = preset("paper", lm.adapter.n_layers)
     sets = {n: _retrieval_or_none(lm, cfg, n) for n in cfg.lengths}
     n_items = sum(len(v) for v in sets.values())
@@ -333,8 +352,9 @@ def cached_sweep(lm: LoadedModel, kind: str, cfg: SweepConfig = SweepConfig(), u
         raise SweepError(f"unknown sweep kind {kind!r}; choose from {', '.join(KINDS)}")
     evalset = None if kind == "length" else load_eval_set(lm, cfg.dataset, cfg.n_samples,
                                                           seed=cfg.seed)
+    timing_config(cfg)  # bad timing settings fail here, before any evaluation
     params = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype), "kind": kind,
-              "config": dataclasses.asdict(cfg),
+              "config": dataclasses.asdict(cfg), "timing": TIMING_PROTOCOL,
               "data": evalset.fingerprint if evalset else "synthetic",
               "calibration": prefill_scores(calibration) if kind == "adaptive" else None,
               "repairs": _repair_keys(lm, kind, cfg, progress)}  # None without pop_repair rows

@@ -64,3 +64,45 @@ def test_agreement_and_first_divergence():
     assert agreement([1, 2, 3], [1, 5, 3]) == (2 / 3, 1)
     assert agreement([1, 2], [1, 2, 3]) == (2 / 3, 2), "a missing token is a difference"
     assert agreement([], []) == (1.0, None)
+
+
+SPEED_ROWS = [  # two timed lengths (one flagged), as a length sweep stores them
+    {"length": 128, "variant": "pop", "skip_ratio": 0.33, "prefill_speedup": 1.3,
+     "speedup_range": [1.25, 1.35], "timing_rounds": 5, "timing_trustworthy": True,
+     "timing_note": None, "ideal_speedup": 1.45, "roofline_speedup": 1.35},
+    {"length": 32, "variant": "pop", "skip_ratio": 0.33, "prefill_speedup": 8.08,
+     "speedup_range": [1.1, 9.0], "timing_rounds": 3, "timing_trustworthy": False,
+     "timing_note": "8.08x is more than 10% above the ideal 1.43x", "ideal_speedup": 1.43,
+     "roofline_speedup": 1.25},
+]
+
+
+def test_speed_charts_have_iqr_error_bars_and_ring_flagged_points():
+    fig = charts.length_chart(SPEED_ROWS)
+    measured, flagged = fig.data[0], fig.data[1]
+    assert list(measured.x) == [32, 128]  # sorted by length
+    assert list(measured.error_y.array) == [9.0 - 8.08, 1.35 - 1.3]
+    assert [round(v, 6) for v in measured.error_y.arrayminus] == [round(8.08 - 1.1, 6), 0.05]
+    assert list(flagged.x) == [32] and "above the ideal" in flagged.text[0]
+    assert {t.name for t in fig.data} >= {"ideal (FLOPs)", "ideal (roofline: FLOPs and bytes)"}
+    ratio = charts.ratio_chart([{**r, "greedy_agreement": 1.0} for r in SPEED_ROWS],
+                               "greedy_agreement")
+    assert ratio.data[0].error_y.array is not None and ratio.data[1].name.startswith("flagged")
+
+
+def test_rows_from_before_the_protocol_count_as_flagged():
+    old = [{"length": 32, "prefill_speedup": 1.2, "ideal_speedup": 1.4}]
+    fig = charts.length_chart(old)
+    assert fig.data[1].name.startswith("flagged") and list(fig.data[0].error_y.array) == [0]
+
+
+def test_sweep_table_leads_with_length_and_marks_flagged_speed():
+    import pandas as pd
+
+    from dashboard.speed import sweep_table
+
+    table = sweep_table(pd.DataFrame(SPEED_ROWS), "length")
+    assert list(table.columns[:5]) == ["length", "variant", "skip_ratio", "prefill speedup",
+                                       "ideal_speedup"]
+    assert table["prefill speedup"][0] == "1.30× (IQR 1.25–1.35, 5 rounds)"
+    assert table["prefill speedup"][1].startswith("⚠ 8.08×") and "flagged" in table["prefill speedup"][1]

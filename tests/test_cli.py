@@ -9,6 +9,8 @@ from pop_analysis.cli import main
 from tiny import tiny_model
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+TIMING_KEYS = ("speedup_range", "timing_rounds", "timing_trustworthy", "timing_note",
+               "roofline_speedup")
 
 
 def last_json(text: str) -> dict:
@@ -21,13 +23,22 @@ def test_generate_json_schema(capsys):
     assert rc == 0
     out = last_json(capsys.readouterr().out)
     assert set(out) >= {"model", "n_layers", "skip_layers", "prompt_tokens", "runs", "prefill_speedup"}
+    assert set(out) >= set(TIMING_KEYS)
     assert out["skip_layers"] == list(range(20, 30)) and out["n_layers"] == 30
     for v in ("full", "pop", "static"):
         run = out["runs"][v]
         assert set(run) >= {"text", "token_ids", "ttft_ms", "decode_tokens_per_s"}
         assert len(run["token_ids"]) <= 6 and run["ttft_ms"] > 0 and isinstance(run["text"], str)
-    assert out["prefill_speedup"] == pytest.approx(
-        out["runs"]["full"]["ttft_ms"] / out["runs"]["pop"]["ttft_ms"], rel=1e-3)
+    # The speedup is the protocol's median of per-round ratios, not the streamed runs' ratio.
+    t = out["timing"]
+    assert out["timing_rounds"] == len(t["full_ms"]) == len(t["pop_ms"]) >= 3
+    assert t["first"][:3] == ["full", "variant", "full"], "order swapped every round"
+    ratios = sorted(f / p for f, p in zip(t["full_ms"], t["pop_ms"]))
+    assert ratios[0] <= out["speedup_range"][0] <= out["prefill_speedup"] <= out["speedup_range"][1]
+    assert out["speedup_range"][1] <= ratios[-1]
+    assert out["roofline_speedup"] > 1 and out["ideal_speedup"] > 1
+    assert isinstance(out["timing_trustworthy"], bool)
+    assert out["timing_trustworthy"] == (out["timing_note"] is None)
 
 
 def test_generate_prompt_ids_on_model_without_tokenizer(tmp_path, capsys):
@@ -41,13 +52,52 @@ def test_generate_prompt_ids_on_model_without_tokenizer(tmp_path, capsys):
 
 
 def test_bench_json_schema(capsys):
-    rc = main(["bench", "--lengths", "16,48", "--repeats", "1", "--threads", "2", "--json"])
+    rc = main(["bench", "--lengths", "16,48", "--repeats", "1", "--threads", "2",
+               "--timing-budget", "0.2", "--json"])
     assert rc == 0
     out = last_json(capsys.readouterr().out)
     assert out["threads"] == 2 and out["skip_layers"] == list(range(20, 30))
     assert [r["length"] for r in out["rows"]] == [16, 48]
     for r in out["rows"]:
         assert r["ttft_full_ms"] > 0 and r["ttft_pop_ms"] > 0 and r["ideal_speedup"] > 1
+        assert set(r) >= set(TIMING_KEYS) and r["timing_rounds"] >= 3, "at least 3 rounds"
+        lo, hi = r["speedup_range"]
+        assert lo <= r["speedup"] <= hi
+        assert r["share_of_flop_ideal"] == pytest.approx(r["speedup"] / r["ideal_speedup"], rel=1e-3)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--repeats", "0"], "timing rounds (repeats) must be an integer in 1..50"),
+    (["bench", "--repeats", "51"], "timing rounds (repeats) must be an integer in 1..50"),
+    (["bench", "--timing-budget", "0"], "timing budget must be a number of seconds"),
+    (["generate", "--prompt", "x", "--timing-rounds", "0"], "timing rounds"),
+    (["generate", "--prompt", "x", "--timing-budget", "-1"], "timing budget"),
+    (["sweep", "--repeats", "0"], "timing rounds"),
+    (["sweep", "--timing-budget", "0"], "timing budget"),
+])
+def test_bad_timing_input_is_one_line_and_loads_nothing(argv, message, capsys, monkeypatch):
+    import pop_analysis.commands._common as common
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded for bad input")
+
+    monkeypatch.setattr(common, "load_model", no_load)
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_generate_checks_the_context_before_any_model_work(capsys, monkeypatch):
+    import pop_analysis.commands.generate as gen
+
+    def no_work(*a, **k):
+        raise AssertionError("model work before the context check")
+
+    monkeypatch.setattr(gen, "warm_up", no_work)
+    monkeypatch.setattr(gen, "run_generation", no_work)
+    assert main(["generate", "--prompt-ids", ",".join(["5"] * 8100), "--max-new-tokens", "200"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exceeds the model's context" in err[0], err
 
 
 @pytest.mark.parametrize("argv, message", [

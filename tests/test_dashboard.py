@@ -141,8 +141,16 @@ def test_generation_shows_both_outputs_speedup_and_call_counts():
     outputs = [m for m in at.markdown if "pop-output" in str(m.value)]
     assert len(outputs) == 2, "full and POP outputs side by side"
     metrics = {m.label: m.value for m in at.metric}
-    assert re.fullmatch(r"\d+\.\d\d×", metrics["Prefill speedup"])
-    assert metrics["TTFT full"].endswith("ms") and metrics["TTFT POP"].endswith("ms")
+    deltas = {m.label: m.delta for m in at.metric}
+    speed = at.session_state["lab.generation"]["speed"]
+    shown = "%.2f×" % speed.speedup
+    # The protocol's median, its spread and rounds; a flagged figure never reads plainly.
+    assert metrics["Prefill speedup"] == (shown if speed.timing.trustworthy else f"⚠ {shown} (flagged)")
+    assert re.fullmatch(r"range \d+\.\d\d–\d+\.\d\d× · \d+ rounds", deltas["Prefill speedup"])
+    assert f"{speed.timing.rounds} rounds" in deltas["Prefill speedup"] and speed.timing.rounds >= 3
+    assert speed.timing.trustworthy or speed.timing.note in texts(at.warning)
+    assert metrics["TTFT full (median)"].endswith("ms") and metrics["TTFT variant (median)"].endswith("ms")
+    assert re.fullmatch(r"\d+\.\d\d× / \d+\.\d\d×", metrics["Ideal: FLOPs / roofline"])
     assert re.fullmatch(r"\d+%", metrics["Token agreement"])
     gen = at.session_state["lab.generation"]
     assert len(gen["full"]["token_ids"]) <= 8 and gen["other"]["token_ids"]
@@ -156,6 +164,23 @@ def test_generation_shows_both_outputs_speedup_and_call_counts():
     goto(at, "overview")
     goto(at, "generate")
     assert len([m for m in at.markdown if "pop-output" in str(m.value)]) == 2
+
+
+def test_empty_skip_set_reads_about_one_and_re_measures():
+    at = goto(app(), "generate")
+    at.session_state["lab.skip"] = ()
+    at.session_state["lab.skip_n_layers"] = 30
+    at.selectbox(key="gen.example").set_value("short: sky").run()
+    at.number_input(key="gen.max_new").set_value(2)
+    at.button(key="gen.go").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    speed = at.session_state["lab.generation"]["speed"]
+    assert speed.ideal_speedup == 1.0 and speed.roofline_speedup == 1.0
+    assert 0.75 <= speed.speedup <= 1.33 or not speed.timing.trustworthy, speed.timing.ratios
+    at.button(key="gen.remeasure").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    again = at.session_state["lab.generation"]["speed"]
+    assert again is not speed and again.timing.rounds >= 3
 
 
 def test_empty_prompt_is_an_error_not_a_crash():

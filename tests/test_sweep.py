@@ -14,8 +14,9 @@ from pop_analysis.sweep import (PAPER_TABLES, SweepConfig, SweepError, SweepResu
 from tiny import tiny_model
 
 SCHEMA = {"variant", "skip_ratio", "skip_layers", "prefill_speedup", "ideal_speedup",
-          "continuation_nll", "greedy_agreement", "exact_match", "retrieval_acc"}
-FAST = dict(n_samples=2, max_new_tokens=3, repeats=1, bench_tokens=16)
+          "continuation_nll", "greedy_agreement", "exact_match", "retrieval_acc",
+          "speedup_range", "timing_rounds", "timing_trustworthy", "timing_note", "roofline_speedup"}
+FAST = dict(n_samples=2, max_new_tokens=3, repeats=1, bench_tokens=16, timing_budget_s=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,11 @@ def test_ratio_sweep_rows(ratio_result):
     assert full["greedy_agreement"] == 1.0 and full["sequence_exact"] == 1.0
     assert pop["variant"] == "pop" and pop["skip_layers"] == [3, 4, 5] and pop["skip_ratio"] == 0.5
     assert pop["ideal_speedup"] > 1 and pop["prefill_speedup"] > 0 and pop["ttft_ms"] > 0
+    lo, hi = pop["speedup_range"]
+    assert lo <= pop["prefill_speedup"] <= hi and pop["timing_rounds"] >= 3
+    assert pop["roofline_speedup"] > 0 and pop["timing_trustworthy"] == (pop["timing_note"] is None)
+    assert (full["timing_rounds"], full["speedup_range"], full["timing_trustworthy"]) == \
+        (0, [1.0, 1.0], True), "the full model is the reference, not timed"
     assert math.isfinite(pop["continuation_nll"]) and pop["n"] == 2
     assert pop["exact_match"] is None  # task accuracy is opt-in
     json.dumps(res.to_dict())  # JSON-able

@@ -1,7 +1,8 @@
-"""Time TTFT of the full model and POP at several prompt lengths."""
+"""Time TTFT of the full model and POP at several prompt lengths (the timing protocol)."""
 from __future__ import annotations
 
 from ..bench import bench
+from ..timing import check_budget, check_rounds
 from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
 
 
@@ -9,7 +10,10 @@ def add_arguments(p) -> None:
     add_model_args(p)
     add_skip_args(p, default_ratio=0.33)
     p.add_argument("--lengths", default="32,128,512,2048", help="comma list of prompt lengths")
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds per length (median)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="fewest timed rounds per length (at least 3 are run)")
+    p.add_argument("--timing-budget", type=float, default=10.0, metavar="SECONDS",
+                   help="more rounds while their time stays within this (per length)")
     p.add_argument("--with-hf", action="store_true", help="also time HF's own forward")
 
 
@@ -21,16 +25,26 @@ def run(args) -> int:
         raise ValueError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
     if not lengths or min(lengths) < 1:
         raise ValueError("--lengths needs positive integers")
+    check_rounds(args.repeats)
+    check_budget(args.timing_budget)
     lm = load(args)
     skip = skip_from_args(args, lm.adapter.n_layers)
     import torch
 
     threads = torch.get_num_threads()
-    show = None if args.json else lambda r: print(
-        f"{r.length:>6} tokens: full {r.ttft_full_ms:8.1f} ms  pop {r.ttft_pop_ms:8.1f} ms  "
-        f"speedup {r.speedup:.2f}x (ideal {r.ideal_speedup:.2f}x)")
-    rows = bench(lm, lengths, skip, args.repeats, with_hf=args.with_hf, on_row=show)
+    show = None if args.json else _line
+    rows = bench(lm, lengths, skip, args.repeats, args.timing_budget, with_hf=args.with_hf,
+                 on_row=show)
     if args.json:
         emit_json({"model": lm.name, "threads": threads, "skip_layers": list(skip),
-                   "repeats": args.repeats, "rows": [r.as_dict() for r in rows]})
+                   "repeats": args.repeats, "timing_budget_s": args.timing_budget,
+                   "rows": [r.as_dict() for r in rows]})
     return 0
+
+
+def _line(r) -> None:
+    lo, hi = r.speedup_range
+    flag = "" if r.timing_trustworthy else f"  NOT TRUSTWORTHY: {r.timing_note}"
+    print(f"{r.length:>6} tokens: full {r.ttft_full_ms:8.1f} ms  pop {r.ttft_pop_ms:8.1f} ms  "
+          f"speedup {r.speedup:.2f}x [{lo:.2f}-{hi:.2f}, {r.timing_rounds} rounds] "
+          f"(ideal {r.ideal_speedup:.2f}x FLOPs, {r.roofline_speedup:.2f}x roofline){flag}")

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from ..progress import terminal_bar
 from ..sweep import DEFAULT_SAMPLES, KINDS, SweepConfig, SweepError, cached_sweep, write_csv
+from ..timing import TimingError, check_budget, check_rounds
 from ._common import add_model_args, emit_json, load, quiet_hf
 from ._repair import add_repair_arg
 
-SHOWN = ["kind", "variant", "skip_ratio", "length", "n", "prefill_speedup", "ideal_speedup",
-         "continuation_nll", "next_token_kl", "next_token_top1", "greedy_agreement", "exact_match",
+SHOWN = ["kind", "variant", "skip_ratio", "length", "n", "prefill_speedup", "speedup_range",
+         "ideal_speedup", "roofline_speedup", "timing_trustworthy", "continuation_nll", "next_token_kl", "next_token_top1", "greedy_agreement", "exact_match",
          "retrieval_acc", "full_retrieval_acc"]
 WITH_CI = ("continuation_nll", "next_token_kl", "next_token_top1", "greedy_agreement",
            "exact_match", "retrieval_acc", "full_retrieval_acc")
@@ -35,7 +36,10 @@ def add_arguments(p) -> None:
                    help="store key of a calibration (or a JSON file with a 'prefill' list): "
                         "adds the adaptive-vs-contiguous sweep")
     p.add_argument("--max-new-tokens", type=int, default=32, help="greedy tokens compared")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds per speedup (median)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="fewest timed rounds per speedup (at least 3 are run)")
+    p.add_argument("--timing-budget", type=float, default=2.0, metavar="SECONDS",
+                   help="more timing rounds per speedup while they fit in this many seconds")
     p.add_argument("--bench-tokens", type=int, default=512, help="prompt length of the timed speedup")
     p.add_argument("--task-accuracy", action="store_true", help="also score GSM8K exact match")
     p.add_argument("--seed", type=int, default=0, help="retrieval task seed")
@@ -60,8 +64,13 @@ def _ints(text, flag):
 
 
 def config_from_args(args) -> SweepConfig:
-    if args.samples < 1 or args.repeats < 1 or args.max_new_tokens < 1 or args.bench_tokens < 2:
-        raise SweepError("--samples, --repeats and --max-new-tokens must be >= 1, --bench-tokens >= 2")
+    if args.samples < 1 or args.max_new_tokens < 1 or args.bench_tokens < 2:
+        raise SweepError("--samples and --max-new-tokens must be >= 1, --bench-tokens >= 2")
+    try:
+        check_rounds(args.repeats)
+        check_budget(args.timing_budget)
+    except TimingError as e:
+        raise SweepError(str(e)) from None
     kw = {}
     if args.ratios:
         kw["ratios"] = _floats(args.ratios, "--ratios")
@@ -71,6 +80,7 @@ def config_from_args(args) -> SweepConfig:
         kw["lengths"] = _ints(args.lengths, "--lengths")
     return SweepConfig(dataset=args.dataset, n_samples=args.samples,
                        max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                       timing_budget_s=args.timing_budget,
                        bench_tokens=args.bench_tokens, task_accuracy=args.task_accuracy,
                        seed=args.seed, repair=args.repair, **kw)
 

@@ -1,0 +1,96 @@
+"""Prefill speed on the Generate page: the timing protocol on the prompt just generated from.
+
+The streamed answers are for reading; their one-off TTFTs are not what the page reports. After
+the stream (which has warmed both paths), `measure` runs pop_analysis.timing's protocol on the
+same prompt ids, taking the model's run lock once per round: a wait for another session is
+never timed, and a contended lock flags the result. `show` draws median, range, rounds, both
+ideals and the flag.
+"""
+from __future__ import annotations
+
+import streamlit as st
+import torch
+
+from dashboard.resources import model_lock
+from pop_analysis.bench import PrefillSpeed, time_prefill
+from pop_analysis.timing import TimingConfig
+
+# At least 3 rounds, more while 2 s last; no warm-up (the stream just ran both paths).
+PAGE_TIMING = TimingConfig(min_rounds=3, budget_s=2.0, warmup=0)
+
+
+def measure(lm, spec_key: tuple, prompt_ids: list[int], variant: str, skip,
+            where=None) -> PrefillSpeed:
+    """The protocol on `prompt_ids`, with a progress note in `where` (removed when done)."""
+    lock = model_lock(*spec_key)
+    note = (where or st).empty()
+    label = "Timing TTFT on this prompt: full and variant alternated, order swapped each round"
+
+    def on_round(done: int, planned: int) -> None:
+        note.progress(min(1.0, done / planned), text=f"{label} — round {done} of ~{planned}")
+
+    note.progress(0.0, text=f"{label} ...")
+    ids = torch.tensor([prompt_ids], device=lm.device)  # (1, N)
+    try:
+        return time_prefill(lm, ids, variant, skip, PAGE_TIMING, lock=lock.hold,
+                            on_round=on_round)
+    finally:
+        note.empty()
+
+
+def headline(p: PrefillSpeed) -> str:
+    """The speedup as shown: a flagged one never reads as a plain number."""
+    return f"{p.speedup:.2f}×" if p.timing.trustworthy else f"⚠ {p.speedup:.2f}× (flagged)"
+
+
+def show(p: PrefillSpeed, where=None) -> None:
+    """Median TTFTs, the speedup with its range and rounds, both ideals, and the flag."""
+    where = where or st
+    t = p.timing
+    m = where.columns(4)
+    m[0].metric("TTFT full (median)", f"{t.full_median_ms:.0f} ms")
+    m[1].metric("TTFT variant (median)", f"{t.variant_median_ms:.0f} ms")
+    m[2].metric("Prefill speedup", headline(p),
+                f"range {t.low:.2f}–{t.high:.2f}× · {t.rounds} rounds", delta_color="off")
+    m[3].metric("Ideal: FLOPs / roofline", f"{p.ideal_speedup:.2f}× / {p.roofline_speedup:.2f}×",
+                f"measured = {p.speedup / p.ideal_speedup:.0%} / "
+                f"{p.speedup / p.roofline_speedup:.0%} of them", delta_color="off")
+    if not t.trustworthy:
+        where.warning(f"Speed not trustworthy: {t.note}. Re-measure when the machine is quieter.")
+    where.caption(
+        f"TTFT (prompt in → first token, boundary step included) from the timing protocol on this "
+        f"prompt ({p.tokens} tokens): {t.rounds} rounds of full and variant, order swapped every "
+        "round; the speedup is the median of the per-round ratios, the range their lowest and "
+        "highest. The FLOP ideal counts matmul work; the roofline ideal also counts bytes moved "
+        "(weights, activations, K/V) at this machine's measured matmul rate and memory bandwidth."
+        + (f" Waited {t.lock_wait_s:.1f} s for another session (not counted)." if t.lock_wait_s
+           > 0.05 else ""))
+
+
+def speed_text(row: dict) -> str:
+    """A sweep row's speedup as the table shows it: flagged ones are marked with the reason."""
+    v = row.get("prefill_speedup")
+    if v is None or v != v:
+        return "–"
+    if row.get("timing_rounds", 0) == 0 and row.get("timing_trustworthy"):
+        return f"{v:.2f}× (reference)"
+    lo, hi = row.get("speedup_range") or (v, v)
+    text = f"{v:.2f}× (IQR {lo:.2f}–{hi:.2f}, {row.get('timing_rounds', 0)} rounds)"
+    return text if row.get("timing_trustworthy") else f"⚠ {text} flagged: {row.get('timing_note')}"
+
+
+SPEED_COLUMNS = ["prefill_speedup", "speedup_range", "timing_rounds", "timing_trustworthy",
+                 "timing_note"]
+
+
+def sweep_table(frame, kind: str):
+    """The rows for display: the speedup as text with its flag, both ideals beside it, the
+    prompt length first in a length sweep."""
+    rows = frame.to_dict("records")
+    out = frame.drop(columns=[c for c in SPEED_COLUMNS if c in frame.columns])
+    out.insert(0, "prefill speedup", [speed_text(r) for r in rows])
+    for i, col in enumerate(c for c in ("ideal_speedup", "roofline_speedup") if c in out.columns):
+        out.insert(1 + i, col, out.pop(col))
+    lead = ["length"] if kind == "length" and "length" in out.columns else []
+    lead += [c for c in ("variant", "skip_ratio") if c in out.columns]
+    return out[lead + [c for c in out.columns if c not in lead]]
