@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from .adapter import Shape
 
 PATHS = ("full", "pop", "pop_no_kv", "pop_no_boundary", "static")
+# Variants whose prefill does the work of another path: pop_repair's fitted K/V maps have the
+# shape of the K/V projections they replace.
+ALIASES = {"pop_repair": "pop"}
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ def _causal(n: int) -> int:
 def prefill_ops(s: Shape, n: int, skip=(), path: str = "full", b: int = 4,
                 batch: int = 1) -> list[Op]:
     """Every op from prompt ids (B, n) to the first token's logits, for one path."""
+    path = ALIASES.get(path, path)
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
     skip = frozenset(skip) if path != "full" else frozenset()

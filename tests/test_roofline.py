@@ -64,6 +64,7 @@ def test_ablation_paths_do_less_or_more_work_as_they_should():
     assert total_flops(prefill_ops(SMOL, n, LAST_THIRD, "static")) < \
         total_flops(prefill_ops(SMOL, n, LAST_THIRD, "pop_no_boundary")) < pop
     assert ideal_speedup(SMOL, n, LAST_THIRD, "static") > ideal_speedup(SMOL, n, LAST_THIRD)
+    assert ideal_speedup(SMOL, n, LAST_THIRD, "pop_repair") == ideal_speedup(SMOL, n, LAST_THIRD)
     with pytest.raises(ValueError, match="unknown path"):
         prefill_ops(SMOL, n, LAST_THIRD, "turbo")
 
