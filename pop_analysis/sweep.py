@@ -17,11 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from . import store
-from .bench import PrefillSpeed, random_prompt, time_prefill
 from .evalsets import load_eval_set
 from .evaluate import FULL
 from .models import LoadedModel
-from .pop import check_prompt
 from .items import EvalSet
 from .progress import Tracker
 from .quality import too_few_note
@@ -30,9 +28,8 @@ from .skipset import SkipSetError, last_block, preset
 from .paper import PAPER_TABLES, paper_frame  # noqa: F401 - part of this module's API
 from .suggest import lowest
 from .sweep_quality import answers_metric, evaluate_runs, row_quality, run_key
+from .sweep_speed import TIMING_PROTOCOL, measure_speedup, speed_fields  # noqa: F401 - API
 from .timing import TimingConfig, TimingError
-
-TIMING_PROTOCOL = "swapped-order rounds, median and IQR, flags (v1)"  # part of the cache key
 
 KINDS = ("ratio", "ablation", "length", "adaptive")
 
@@ -136,40 +133,6 @@ class SweepResult(store.Record):
         return pd.DataFrame(self.rows)
 
 
-# ---------------------------------------------------------------- timing
-
-
-def timing_config(cfg: SweepConfig) -> TimingConfig:
-    """The protocol's settings for a sweep's rows; raises SweepError on impossible ones."""
-    try:
-        return TimingConfig(min_rounds=cfg.repeats, budget_s=cfg.timing_budget_s)
-    except TimingError as e:
-        raise SweepError(str(e)) from None
-
-
-def measure_speedup(lm: LoadedModel, variant: str, skip, length: int,
-                    timing: TimingConfig = TimingConfig(), tick=None) -> PrefillSpeed:
-    """The timing protocol on a seeded random prompt of `length` tokens.
-
-    `tick()` is called after each round (long prompts: keeps a progress bar alive)."""
-    check_prompt(lm.adapter, length)
-    ids = random_prompt(lm, length)  # (1, N)
-    return time_prefill(lm, ids, variant, skip, timing,
-                        on_round=(lambda done, planned: tick()) if tick else None)
-
-
-def _speed_fields(lm, engine, skip, length, cfg, tick) -> dict:
-    """The speed part of a row: the protocol's result, or the full model's own 1.0."""
-    if engine == "full" or not skip:
-        return dict(prefill_speedup=1.0, ideal_speedup=1.0, roofline_speedup=1.0,
-                    speedup_range=[1.0, 1.0], timing_rounds=0, timing_trustworthy=True,
-                    timing_note=None)
-    p = measure_speedup(lm, engine, skip, length, timing_config(cfg), tick)
-    return dict(prefill_speedup=p.speedup, ideal_speedup=p.ideal_speedup,
-                ttft_full_ms=p.timing.full_median_ms, ttft_ms=p.timing.variant_median_ms,
-                **p.fields())
-
-
 # ---------------------------------------------------------------- rows
 
 
@@ -179,12 +142,20 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
+def timing_config(cfg: SweepConfig):
+    """The timing protocol's settings for a sweep's rows; SweepError on impossible ones."""
+    try:
+        return TimingConfig(min_rounds=cfg.repeats, budget_s=cfg.timing_budget_s)
+    except TimingError as e:
+        raise SweepError(str(e)) from None
+
+
 def _row(lm, kind, name, engine, skip, quality: dict, cfg, tracker, length) -> SweepRow:
     """One variant's quality fields (`row_quality`; {} without items) and its measured speedup at
     `length` tokens."""
     n_layers = lm.adapter.n_layers
     tick = lambda: tracker.step(0, message=f"{kind}: timing {name}")  # noqa: E731
-    speed = _speed_fields(lm, engine, skip, length, cfg, tick)
+    speed = speed_fields(lm, engine, skip, length, timing_config(cfg), tick)
     tracker.step(message=f"{kind}: timed {name}")
     q = dict(quality)
     declared = {f.name for f in dataclasses.fields(SweepRow)}
