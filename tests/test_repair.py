@@ -180,3 +180,23 @@ def test_batched_collection_equals_one_sequence_at_a_time():
     for a, b in [(one.x, batched.x), *((one.k[i], batched.k[i]) for i in SKIP),
                  *((one.v[i], batched.v[i]) for i in SKIP)]:
         assert torch.allclose(a, b, atol=1e-5), f"max_diff {(a - b).abs().max()}"
+
+
+def test_gap_closed_share_and_interval():
+    from pop_analysis.repair_eval import gap_closed
+    from pop_analysis.stats import StatsError
+
+    g = torch.Generator().manual_seed(0)
+    full = (1 + torch.rand(40, generator=g)).tolist()
+    gap = (0.2 + 0.1 * torch.rand(40, generator=g)).tolist()
+    pop = [f + d for f, d in zip(full, gap)]
+    fixed = [f + 0.25 * d for f, d in zip(full, gap)]  # a quarter of each item's gap remains
+    est = gap_closed(full, pop, fixed)
+    assert est.n == 40 and abs(est.value - 0.75) < 1e-12 and est.includes(0.75)
+    assert gap_closed(full, pop, pop).value == 0.0
+    worse = gap_closed(full, pop, [p + 0.1 for p in pop])
+    assert worse.value < 0 and worse.ci[1] < 0
+    with pytest.raises(StatsError, match="no gap"):
+        gap_closed(full, full, full)
+    with pytest.raises(StatsError, match="at least 2"):
+        gap_closed(full[:1], pop[:1], fixed[:1])

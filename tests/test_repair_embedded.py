@@ -126,3 +126,20 @@ def test_sweeps_add_pop_repair_rows(tok_lm, tmp_path, monkeypatch):
     assert rows[1]["engine_variant"] == "pop_repair" and rows[1]["skip_layers"] == [4, 5]
     with pytest.raises(ValueError, match="rows need a repair"):
         ablation_sweep(tok_lm, SweepConfig(variants=("pop_repair",), **{**fast, "repair": None}))
+
+
+def test_compare_and_summary_on_held_out_items(tok_lm):
+    from pop_analysis.evalsets import load_eval_set
+    from pop_analysis.repair import Calibration, fit_repair
+    from pop_analysis.repair_eval import compare, summary
+
+    seqs = [list(range(s, s + 40)) for s in range(0, 800, 40)]  # 800 distinct tokens
+    rep = fit_repair(tok_lm, (4, 5), RepairConfig(data="ids"),
+                     data=Calibration(seqs, "ids", "ids"))
+    items = load_eval_set(tok_lm, "gsm8k", 3).items
+    scores = compare(tok_lm, items, (4, 5), {"ids": rep})
+    assert set(scores) == {"full", "pop", "ids"}
+    out = summary(scores)
+    assert out["ids"]["continuation_nll_delta"] is not None
+    assert "continuation_nll_gap_closed" in out["ids"] and "next_token_kl_gap_closed" in out["ids"]
+    assert out["full"]["next_token_kl"] == 0.0

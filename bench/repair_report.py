@@ -1,0 +1,100 @@
+"""Markdown tables from bench/repair_bench.py's JSON files (artifacts/repair_bench/)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+NAMES = ("builtin", "gsm8k_train")
+
+
+def _load(folder: Path, pattern: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob(pattern))]
+
+
+def _ci(x) -> str:
+    return "" if not x else f" [{x[0]:.3f}, {x[1]:.3f}]"
+
+
+def _pct(v, ci) -> str:
+    if v is None:
+        return "n/a"
+    return f"{100 * v:.0f}%" + ("" if not ci else f" [{100 * ci[0]:.0f}%, {100 * ci[1]:.0f}%]")
+
+
+def fits(folder: Path) -> str:
+    lines = ["| skip | repair | distinct tokens | fit time (collect) | extra memory | "
+             "last layer R2 K / V: POP -> fit |", "|---|---|---|---|---|---|"]
+    for f in _load(folder, "fit_*.json"):
+        for name, r in f["repairs"].items():
+            last = r["fit"][str(f["skip"][-1])]
+            lines.append(
+                f"| {f['skip'][0]}-{f['skip'][-1]} | {name} | {r['n_tokens']} | "
+                f"{r['seconds']:.1f} s ({r['collect_s']:.1f} s) | "
+                f"{r['repair_bytes'] / 2**20:.1f} MiB ({100 * r['share']:.1f}% of "
+                f"{r['model_bytes'] / 2**20:.0f} MiB) | {last['k_r2_pop']:.2f} -> "
+                f"{last['k_r2_loo']:.2f} / {last['v_r2_pop']:.2f} -> {last['v_r2_loo']:.2f} |")
+    return "\n".join(lines)
+
+
+def quality(folder: Path) -> str:
+    lines = ["| data | skip | n | full NLL | POP NLL - full | repair | repaired NLL - full | "
+             "NLL gap closed | KL(full ‖ x): POP -> repaired | KL gap closed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for q in _load(folder, "quality_*.json"):
+        s, skip = q["summary"], f"{q['skip'][0]}-{q['skip'][-1]}"
+        pop = s["pop"]
+        for name in NAMES:
+            r = s.get(name)
+            if r is None:
+                continue
+            lines.append(
+                f"| {q['data']} | {skip} | {q['n']} | {s['full']['continuation_nll']:.3f} | "
+                f"{pop['continuation_nll_delta']:.3f}{_ci(pop['continuation_nll_delta_ci'])} | "
+                f"{name} | {r['continuation_nll_delta']:.3f}{_ci(r['continuation_nll_delta_ci'])}"
+                f" | {_pct(r['continuation_nll_gap_closed'], r['continuation_nll_gap_closed_ci'])}"
+                f" | {pop['next_token_kl']:.3f} -> {r['next_token_kl']:.3f} | "
+                f"{_pct(r['next_token_kl_gap_closed'], r['next_token_kl_gap_closed_ci'])} |")
+    return "\n".join(lines)
+
+
+def retrieval(folder: Path) -> str:
+    lines = ["| data | skip | n | full | POP | repair | repaired | repaired - POP (McNemar p) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for q in _load(folder, "quality_*retrieval*.json"):
+        s, skip = q["summary"], f"{q['skip'][0]}-{q['skip'][-1]}"
+        per = q["per_item"]
+        for name in NAMES:
+            if name not in s:
+                continue
+            acc = {k: s[k].get("retrieval_acc") for k in ("full", "pop", name)}
+            lines.append(f"| {q['data']} | {skip} | {q['n']} | {acc['full']:.2f} | "
+                         f"{acc['pop']:.2f} | {name} | {acc[name]:.2f} | "
+                         f"{_mcnemar(per[name]['answer_correct'], per['pop']['answer_correct'])} |")
+    return "\n".join(lines)
+
+
+def _mcnemar(a, b) -> str:
+    from pop_analysis.stats import StatsError, paired_accuracy_delta
+
+    try:
+        e = paired_accuracy_delta(a, b)
+    except StatsError:
+        return "n/a"
+    return f"{e.value:+.2f}{_ci(e.ci)} (p = {e.p_value:.2f})"
+
+
+def drift(folder: Path) -> str:
+    lines = ["| skip | n | run | hidden | K | V | attention out | mean KL(full ‖ x), 8 steps |",
+             "|---|---|---|---|---|---|---|---|"]
+    for d in _load(folder, "drift_*.json"):
+        skip = f"{d['skip'][0]}-{d['skip'][-1]}"
+        for name, b in d["block_means"].items():
+            lines.append(f"| {skip} | {d['n']} | {name} | {b['hidden_cos']:.3f} | {b['k_cos']:.3f}"
+                         f" | {b['v_cos']:.3f} | {b['attn_out_cos']:.3f} | {b['kl']:.4f} |")
+    return "\n".join(lines)
+
+
+def report(folder: Path) -> str:
+    parts = [("Fits", fits), ("Continuation NLL and teacher-forced KL", quality),
+             ("Retrieval", retrieval), ("Drift (block means over the skipped layers)", drift)]
+    return "\n\n".join(f"### {title}\n\n{make(folder)}" for title, make in parts)
