@@ -6,6 +6,7 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from pop_analysis import cli, repair_store
+from pop_analysis.commands import bench as bench_cmd
 from pop_analysis.commands import drift as drift_cmd
 from pop_analysis.commands import generate as generate_cmd
 from pop_analysis.commands import repair as repair_cmd
@@ -77,6 +78,17 @@ def test_generate_and_drift_take_a_repair(embedded, fitted, monkeypatch, capsys)
                      "--decode-steps", "2", "--no-cache", "--repair", "auto", "--json"]) == 0
     out = last_json(capsys.readouterr().out)
     assert out["repair"] == fitted.key and out["pop_repair"]["v_cos"][29] > out["v_cos"][29]
+
+
+def test_bench_times_pop_repair_against_pop(embedded, fitted, monkeypatch, capsys):
+    monkeypatch.setattr(bench_cmd, "load", lambda args: embedded)
+    assert cli.main(["bench", "--lengths", "16", "--repeats", "1", "--timing-budget", "0.1",
+                     "--skip", "27-29", "--repair", fitted.key, "--json"]) == 0
+    out = last_json(capsys.readouterr().out)
+    (row,) = out["rows"]
+    r = row["pop_repair"]
+    assert out["repair"] == fitted.key and r["timing_rounds"] >= 3
+    assert r["ttft_ms"] > 0 and r["ttft_pop_ms"] > 0 and r["pop_over_repair"] > 0
 
 
 @pytest.mark.parametrize("argv, message", [

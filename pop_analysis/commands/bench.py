@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..bench import bench
 from ..timing import check_budget, check_rounds
 from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
+from ._repair import add_repair_arg, attach_repair
 
 
 def add_arguments(p) -> None:
@@ -15,6 +16,7 @@ def add_arguments(p) -> None:
     p.add_argument("--timing-budget", type=float, default=10.0, metavar="SECONDS",
                    help="more rounds while their time stays within this (per length)")
     p.add_argument("--with-hf", action="store_true", help="also time HF's own forward")
+    add_repair_arg(p)  # also time pop_repair against pop (same protocol) at each length
 
 
 def run(args) -> int:
@@ -33,13 +35,42 @@ def run(args) -> int:
 
     threads = torch.get_num_threads()
     show = None if args.json else _line
+    rep = attach_repair(args, lm, skip, quiet=args.json)
     rows = bench(lm, lengths, skip, args.repeats, args.timing_budget, with_hf=args.with_hf,
                  on_row=show)
+    out = [r.as_dict() for r in rows]
+    if rep:
+        for row in out:
+            row["pop_repair"] = repair_timing(lm, row["length"], skip, args)
+            if show:
+                _repair_line(row["pop_repair"])
     if args.json:
         emit_json({"model": lm.name, "threads": threads, "skip_layers": list(skip),
                    "repeats": args.repeats, "timing_budget_s": args.timing_budget,
-                   "rows": [r.as_dict() for r in rows]})
+                   "repair": rep.key if rep else None, "rows": out})
     return 0
+
+
+def repair_timing(lm, length: int, skip, args) -> dict:
+    """TTFT of pop_repair against pop itself, through the same protocol (ratio pop / repaired:
+    1.0 = the same cost)."""
+    from ..bench import first_token, random_prompt, time_prefill
+    from ..timing import TimingConfig
+
+    ids = random_prompt(lm, length)
+    cfg = TimingConfig(min_rounds=args.repeats, budget_s=args.timing_budget)
+    t = time_prefill(lm, ids, "pop_repair", skip, cfg,
+                     full=lambda: first_token(lm, ids, "pop", skip)).timing
+    return {"ttft_pop_ms": round(t.full_median_ms, 3), "ttft_ms": round(t.variant_median_ms, 3),
+            "pop_over_repair": round(t.speedup, 4), **t.fields()}
+
+
+def _repair_line(r: dict) -> None:
+    lo, hi = r["speedup_range"]
+    flag = "" if r["timing_trustworthy"] else f"  NOT TRUSTWORTHY: {r['timing_note']}"
+    print(f"        pop_repair {r['ttft_ms']:8.1f} ms vs pop {r['ttft_pop_ms']:8.1f} ms: "
+          f"pop/pop_repair {r['pop_over_repair']:.3f} [{lo:.3f}-{hi:.3f}, "
+          f"{r['timing_rounds']} rounds]{flag}")
 
 
 def _line(r) -> None:
