@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pop_analysis.repair_eval import no_gap
+
 NAMES = ("builtin", "gsm8k_train")
 
 
@@ -15,9 +17,11 @@ def _ci(x) -> str:
     return "" if not x else f" [{x[0]:.3f}, {x[1]:.3f}]"
 
 
-def _pct(v, ci) -> str:
-    if v is None:
-        return "n/a"
+def _share(pop: dict, r: dict, metric: str) -> str:
+    """The share of POP's gap closed, or n/a where POP's own gap is not measurable."""
+    v, ci = r[f"{metric}_gap_closed"], r[f"{metric}_gap_closed_ci"]
+    if v is None or no_gap(pop, metric):
+        return "n/a (POP's gap not measurable)"
     return f"{100 * v:.0f}%" + ("" if not ci else f" [{100 * ci[0]:.0f}%, {100 * ci[1]:.0f}%]")
 
 
@@ -36,40 +40,40 @@ def fits(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def _repair_rows(folder: Path, pattern: str):
+    """(result file, skip label, repair name) for each repair measured in each file."""
+    for q in _load(folder, pattern):
+        for name in NAMES:
+            if name in q["summary"]:
+                yield q, f"{q['skip'][0]}-{q['skip'][-1]}", name
+
+
 def quality(folder: Path) -> str:
     lines = ["| data | skip | n | full NLL | POP NLL - full | repair | repaired NLL - full | "
              "NLL gap closed | KL(full ‖ x): POP -> repaired | KL gap closed |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for q in _load(folder, "quality_*.json"):
-        s, skip = q["summary"], f"{q['skip'][0]}-{q['skip'][-1]}"
-        pop = s["pop"]
-        for name in NAMES:
-            r = s.get(name)
-            if r is None:
-                continue
-            lines.append(
-                f"| {q['data']} | {skip} | {q['n']} | {s['full']['continuation_nll']:.3f} | "
-                f"{pop['continuation_nll_delta']:.3f}{_ci(pop['continuation_nll_delta_ci'])} | "
-                f"{name} | {r['continuation_nll_delta']:.3f}{_ci(r['continuation_nll_delta_ci'])}"
-                f" | {_pct(r['continuation_nll_gap_closed'], r['continuation_nll_gap_closed_ci'])}"
-                f" | {pop['next_token_kl']:.3f} -> {r['next_token_kl']:.3f} | "
-                f"{_pct(r['next_token_kl_gap_closed'], r['next_token_kl_gap_closed_ci'])} |")
+    for q, skip, name in _repair_rows(folder, "quality_*.json"):
+        s = q["summary"]
+        pop, r = s["pop"], s[name]
+        lines.append(
+            f"| {q['data']} | {skip} | {q['n']} | {s['full']['continuation_nll']:.3f} | "
+            f"{pop['continuation_nll_delta']:.3f}{_ci(pop['continuation_nll_delta_ci'])} | "
+            f"{name} | {r['continuation_nll_delta']:.3f}{_ci(r['continuation_nll_delta_ci'])}"
+            f" | {_share(pop, r, 'continuation_nll')}"
+            f" | {pop['next_token_kl']:.3f} -> {r['next_token_kl']:.3f} | "
+            f"{_share(pop, r, 'next_token_kl')} |")
     return "\n".join(lines)
 
 
 def retrieval(folder: Path) -> str:
     lines = ["| data | skip | n | full | POP | repair | repaired | repaired - POP (McNemar p) |",
              "|---|---|---|---|---|---|---|---|"]
-    for q in _load(folder, "quality_*retrieval*.json"):
-        s, skip = q["summary"], f"{q['skip'][0]}-{q['skip'][-1]}"
-        per = q["per_item"]
-        for name in NAMES:
-            if name not in s:
-                continue
-            acc = {k: s[k].get("retrieval_acc") for k in ("full", "pop", name)}
-            lines.append(f"| {q['data']} | {skip} | {q['n']} | {acc['full']:.2f} | "
-                         f"{acc['pop']:.2f} | {name} | {acc[name]:.2f} | "
-                         f"{_mcnemar(per[name]['answer_correct'], per['pop']['answer_correct'])} |")
+    for q, skip, name in _repair_rows(folder, "quality_*retrieval*.json"):
+        s, per = q["summary"], q["per_item"]
+        acc = {k: s[k].get("retrieval_acc") for k in ("full", "pop", name)}
+        lines.append(f"| {q['data']} | {skip} | {q['n']} | {acc['full']:.2f} | "
+                     f"{acc['pop']:.2f} | {name} | {acc[name]:.2f} | "
+                     f"{_mcnemar(per[name]['answer_correct'], per['pop']['answer_correct'])} |")
     return "\n".join(lines)
 
 

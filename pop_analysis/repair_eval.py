@@ -84,9 +84,26 @@ def summary(scores: dict, answers: str | None = None) -> dict:
         for metric in ("continuation_nll", "next_token_kl"):  # the full model's own KL is 0
             est = _try(lambda: gap_closed(getattr(full, metric), getattr(pop, metric),
                                           getattr(s, metric)))
+            note = no_gap(out["pop"], metric)
+            if note:  # a share of a gap that may be zero is not a number to show
+                est = None
             out[name][f"{metric}_gap_closed"] = est.value if est else None
             out[name][f"{metric}_gap_closed_ci"] = list(est.ci) if est else None
+            out[name][f"{metric}_gap_closed_note"] = note
     return out
+
+
+def no_gap(pop_fields: dict, metric: str) -> str | None:
+    """Why no share of the gap is given: POP's own gap is not measurably above zero."""
+    if metric == "next_token_kl":
+        ci = pop_fields.get("next_token_kl_ci")
+    else:
+        ci = pop_fields.get(f"{metric}_delta_ci")
+    if ci is None:
+        return "too few items for an interval of POP's gap"
+    if ci[0] <= 0:
+        return "POP's gap to the full model is not measurable here (its 95% interval reaches 0)"
+    return None
 
 
 def _try(make):

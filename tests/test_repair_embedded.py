@@ -154,4 +154,5 @@ def test_compare_and_summary_on_held_out_items(tok_lm):
     out = summary(scores)
     assert out["ids"]["continuation_nll_delta"] is not None
     assert "continuation_nll_gap_closed" in out["ids"] and "next_token_kl_gap_closed" in out["ids"]
+    assert "continuation_nll_gap_closed_note" in out["ids"]
     assert out["full"]["next_token_kl"] == 0.0
