@@ -6,26 +6,32 @@ so a stored result appears without touching the disk twice.
 """
 from __future__ import annotations
 
-import csv
-import json
 import os
 from pathlib import Path
 
 import streamlit as st
 
 from pop_analysis import store
+from pop_analysis.allowed_paths import check_path, check_source
+from pop_analysis.paths import cache_dir
+from pop_analysis.records import RecordError, check
 
 
 class StoredMiss(KeyError):
-    """No readable stored entry for that key (never cached, so a later save is seen)."""
+    """No usable stored entry for that key (never cached, so a later save is seen)."""
+
+    def __init__(self, reason: str | None = None):
+        super().__init__(reason)
+        self.reason = reason  # why an existing entry was not used; None when there is none
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def stored_payload(kind: str, key: str) -> dict:
-    """The stored payload of (kind, key); raises StoredMiss (uncached) when absent."""
-    payload = store.load(kind, key)
+    """The stored payload of (kind, key); raises StoredMiss (uncached) when absent or invalid."""
+    reasons: list[str] = []
+    payload = store.load(kind, key, notice=reasons.append)
     if payload is None:
-        raise StoredMiss(f"no stored {kind} result {key}")
+        raise StoredMiss(reasons[0] if reasons else None)
     return payload
 
 
@@ -36,42 +42,58 @@ def stored_entries(kind: str) -> list[dict]:
 
 
 def load_result(kind: str, key: str, cls):
-    """A stored result rebuilt with `cls.from_dict`, or None when missing or unreadable."""
+    """A stored result rebuilt with `cls.from_dict` once records.check passes it, or None when
+    missing or invalid (an invalid one gets a warning here, where the user asked for it)."""
     try:
-        return cls.from_dict(stored_payload(kind, key))
-    except (StoredMiss, TypeError, ValueError, KeyError, AttributeError):
-        return None
+        payload = stored_payload(kind, key)
+        check(kind, cls, payload)
+        return cls.from_dict(payload)
+    except StoredMiss as e:
+        reason = e.reason
+    except RecordError as e:
+        reason = f"stored {kind} result {key} not used ({e})"
+    if reason:
+        st.warning(reason)
+    return None
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def _prompt_set(source: str, field: str | None, limit: int | None, stamp: float):
+def _prompt_set(source: str, field: str | None, limit: int | None, stamp: float,
+                label: str | None = None):
     from pop_analysis.data import load_prompts
 
-    return load_prompts(source, field=field, limit=limit)
+    return load_prompts(source, field=field, limit=limit, label=label)
+
+
+def upload_name(path: str) -> str | None:
+    """The user's own file name of an upload kept under cache/uploads/<hash>/, else None."""
+    p = Path(path)
+    return p.name if p.parent.parent == cache_dir() / "uploads" else None
 
 
 def prompt_set(source: str, field: str | None = None, limit: int | None = None):
-    """pop_analysis.data.load_prompts, memoised per file version (mtime) and arguments."""
+    """pop_analysis.data.load_prompts, memoised per file version (mtime) and arguments; only
+    files under the allowed folders (pop_analysis.allowed_paths)."""
+    source = check_source(source)
     stamp = os.path.getmtime(source) if os.path.isfile(source) else 0.0
-    return _prompt_set(source, field, limit, stamp)
+    return _prompt_set(source, field, limit, stamp, upload_name(source))
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def peek_fields(path: str) -> list[str]:
-    """Field names of a .jsonl / .json / .csv file's first record ([] when unknown or unreadable)."""
-    p = Path(path)
+    """Field names of a .jsonl / .json / .csv file's first record ([] when unknown, unreadable,
+    or outside the allowed folders: nothing of such a file is shown)."""
+    from pop_analysis.data import READERS
+
     try:
-        if p.suffix == ".jsonl":
-            with open(p, encoding="utf-8") as f:
-                first = next((json.loads(line) for line in f if line.strip()), {})
-            return sorted(first) if isinstance(first, dict) else []
-        if p.suffix == ".json":
-            data = json.loads(p.read_text(encoding="utf-8"))
-            first = data[0] if isinstance(data, list) and data else {}
-            return sorted(first) if isinstance(first, dict) else []
-        if p.suffix == ".csv":
-            with open(p, encoding="utf-8", newline="") as f:
-                return next(csv.reader(f), [])
-    except (OSError, ValueError, StopIteration):
+        p = check_path(path)
+        if p.suffix.lower() not in (".jsonl", ".json", ".csv"):
+            return []
+        records = READERS[p.suffix.lower()](p)
+        first = next(records, (None, None))[1]  # only the first record is read
+        records.close()
+    except (OSError, ValueError):
         return []
-    return []
+    if not isinstance(first, dict):
+        return []
+    return list(map(str, first)) if p.suffix.lower() == ".csv" else sorted(map(str, first))

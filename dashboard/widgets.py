@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import re
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import streamlit as st
 
 from dashboard import state
 from dashboard.resources import load_log, locked, memory_in_use, shared_model, unload_models
+from pop_analysis.allowed_paths import check_path
 from pop_analysis.models import DEFAULT_MODEL, ModelLoadError
 from pop_analysis.paths import cache_dir
 
@@ -33,6 +35,8 @@ def _spec_from_form(source: str, name: str, device: str, dtype: str) -> state.Mo
     name = name.strip()
     if not name:
         raise ModelLoadError("give a hub id (owner/name) or a local directory")
+    if SOURCES[source] != "embedded":
+        check_path(name)  # outside the allowed folders: refused unread (a hub id resolves in cwd)
     return state.ModelSpec(name, None if device == "auto" else device, None if dtype == "auto" else dtype)
 
 
@@ -215,7 +219,11 @@ def dataset_picker(prefix: str):
                               type=["jsonl", "json", "csv", "parquet", "txt"], key=f"{prefix}.upload")
         if up is None:
             return None
-        path = save_upload(up.name, up.getvalue())
+        try:
+            path = save_upload(up.name, up.getvalue())
+        except OSError as e:  # errors name the user's file, never the cache path
+            st.error(f"Cannot keep the upload {up.name}: {e.strerror or 'write failed'}")
+            return None
         return path, field_picker(path, prefix), up.name
     if kind == "local path":
         path = st.text_input("Path of a local file", key=f"{prefix}.path",
@@ -239,10 +247,12 @@ def field_picker(path: str, prefix: str) -> str | None:
 
 
 def save_upload(name: str, data: bytes) -> str:
-    """Keep an uploaded file under cache/uploads/ (content-addressed) and return its path."""
-    folder = cache_dir() / "uploads"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{hashlib.sha256(data).hexdigest()[:16]}{Path(name).suffix.lower()}"
+    """Keep an uploaded file as cache/uploads/<content hash>/<its own name> and return the path
+    (the folder keeps equal names apart; the name is what errors and results show)."""
+    own = Path(re.sub(r"[^\w.\- ]", "_", Path(name).name).lstrip(". ") or "upload")
+    safe = own.stem[:80] + own.suffix[:10]
+    path = cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16] / safe
     if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return str(path)

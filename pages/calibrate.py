@@ -37,7 +37,8 @@ if go and picked is not None:
         prompts = data.prompt_set(source, field, int(n_samples))
         t0 = time.perf_counter()
         with widgets.run_lock(), widgets.ProgressBar("Calibrating") as bar:
-            result, hit = cal.cached_calibration(lm, prompts, cfg, use_cache=use_cache, progress=bar)
+            result, hit = cal.cached_calibration(lm, prompts, cfg, use_cache=use_cache, progress=bar,
+                                                 notice=st.warning)
         took = time.perf_counter() - t0
         st.session_state[state.CALIBRATION] = result
         note = (f"Loaded from the cache in {took * 1e3:.0f} ms." if hit else

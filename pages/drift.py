@@ -50,7 +50,7 @@ def guarded(label: str, fn):
 cfg = dr.DriftConfig(decode_steps=int(steps))
 if go:
     out = guarded("Drift", lambda bar: dr.cached_drift(lm, encode(lm, prompt or "", raw=raw), skip,
-                                                       cfg, progress=bar))
+                                                       cfg, progress=bar, notice=st.warning))
     if out is not None:
         (res, hit), summary = out
         st.session_state[state.DRIFT] = res
@@ -76,7 +76,7 @@ lengths = c[0].multiselect("Prompt lengths (tokens)", [16, 32, 64, 128, 256, 512
                            [32, 128], key="drift.lengths")
 if c[1].button("Measure vs length", key="drift.len_go", disabled=not lengths):
     out = guarded("Drift vs length", lambda bar: dr.cached_drift_by_length(
-        lm, sorted(lengths), skip, cfg, progress=bar))
+        lm, sorted(lengths), skip, cfg, progress=bar, notice=st.warning))
     if out is not None:
         (rows, hit), summary = out
         st.session_state[state.DRIFT_LENGTH] = rows

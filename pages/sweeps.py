@@ -35,7 +35,8 @@ with st.expander("Run a sweep", expanded=False):
             if kind == "adaptive" and calib is None:
                 raise ValueError("the adaptive sweep needs a calibration: run one on the Calibrate page")
             with widgets.run_lock(), widgets.ProgressBar(f"Sweep ({kind})") as bar:
-                res, hit = sw.cached_sweep(lm, kind, cfg, progress=bar, calibration=calib)
+                res, hit = sw.cached_sweep(lm, kind, cfg, progress=bar, calibration=calib,
+                                           notice=st.warning)
             st.session_state[state.SWEEP] = res
             st.success("Loaded from the cache." if hit else
                        f"Computed in {res.seconds:.0f} s; {bar.summary}.")

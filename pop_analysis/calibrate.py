@@ -21,7 +21,7 @@ from . import store
 from .data import PromptSet, fingerprint
 from .gates import (DECODE, StageGates, block_influence, gated, layer_ticks, stage_map,
                     stage_means)
-from .generate import SamplingConfig, eos_ids, encode, pick
+from .generate import SamplingConfig, check_sampling, eos_ids, encode, pick
 from .pop import check_prompt
 from .progress import Tracker
 from .suggest import Suggestion, suggest_skip  # noqa: F401 - part of this module's API
@@ -45,8 +45,9 @@ class CalibrationConfig:
     def __post_init__(self):
         if self.n_samples < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("n_samples, max_new_tokens and batch_size must be at least 1")
-        if self.loo_samples < 0 or self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError("need loo_samples >= 0, temperature >= 0 and 0 < top_p <= 1")
+        if self.loo_samples < 0:
+            raise ValueError("loo_samples must be >= 0")
+        check_sampling(self.max_new_tokens, self.temperature, self.top_p)  # finite, in range
 
 
 @dataclass
@@ -388,16 +389,19 @@ def cache_params(lm, prompts: PromptSet, cfg: CalibrationConfig) -> dict:
 
 
 def cached_calibration(lm, prompts: PromptSet, cfg: CalibrationConfig = CalibrationConfig(),
-                       use_cache: bool = True, progress=None) -> tuple[CalibrationResult, bool]:
-    """(result, was_cache_hit); a miss (or an unreadable entry) computes and stores the result."""
+                       use_cache: bool = True, progress=None,
+                       notice=None) -> tuple[CalibrationResult, bool]:
+    """(result, was_cache_hit); a miss (or an invalid entry) computes and stores the result.
+    notice(line) hears about an ignored entry or a cache that cannot be written."""
     params = cache_params(lm, prompts, cfg)
     key = store.make_key(params)
     if use_cache:
-        hit = load_calibration(key)
+        hit = load_calibration(key, lm.adapter.n_layers, notice,
+                               expect={"model": lm.name, "n_samples": params["n_samples"]})
         if hit is not None:
             return hit, True
     result = calibrate(lm, prompts, cfg, progress)
-    store.save(KIND, key, result.to_dict(), params)
+    store.save_or_warn(KIND, key, result.to_dict(), params, notice)
     return result, False
 
 
@@ -406,12 +410,8 @@ def list_calibrations() -> list[dict]:
     return store.entries(KIND)
 
 
-def load_calibration(key: str) -> CalibrationResult | None:
-    """A stored result, or None when missing or unreadable."""
-    payload = store.load(KIND, key)
-    if payload is None:
-        return None
-    try:
-        return CalibrationResult.from_dict(payload)
-    except (TypeError, ValueError, AttributeError):
-        return None
+def load_calibration(key: str, n_layers: int | None = None, notice=None,
+                     expect: dict | None = None) -> CalibrationResult | None:
+    """A stored result that passes records.check (per-layer lists of n_layers when given), or
+    None when missing or invalid."""
+    return store.load_record(KIND, key, CalibrationResult, n_layers, expect, notice)

@@ -9,9 +9,11 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import warnings
 
 from . import commands
 from .errors import first_line
+from .store import StoreWarning
 
 
 def command_modules() -> dict:
@@ -35,6 +37,23 @@ def build_parser(mods: dict) -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     mods = command_modules()
     args = build_parser(mods).parse_args(argv)
+    with warnings.catch_warnings():  # restores the warning display on the way out
+        warnings.simplefilter("always", StoreWarning)
+        warnings.showwarning = _one_line(warnings.showwarning)
+        return _run(mods, args)
+
+
+def _one_line(show):
+    """The project's cache notices as one `warning:` line on stderr; other warnings as before."""
+    def showwarning(message, category, *rest, **kw):
+        if issubclass(category, StoreWarning):
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, *rest, **kw)
+    return showwarning
+
+
+def _run(mods, args) -> int:
     try:
         return int(mods[args.command].run(args) or 0)
     except KeyboardInterrupt:

@@ -8,23 +8,21 @@ A bad file gets a DatasetError naming the file and the line (item, row); an empt
 """
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import first_line
+from .hub import unreachable_reason
+from .readers import (DatasetError, csv_records, json_records, jsonl_records,  # noqa: F401
+                      parquet_records, txt_records)
 
 BUILTIN_NAME = "builtin"
 FIELDS = ("instruction", "question", "prompt", "text")  # detection order
 CHAT_FIELDS = ("messages", "conversations")
 HF_DEFAULT_LIMIT = 1000  # rows streamed from a hub dataset when no limit is given
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
-
-
-class DatasetError(ValueError):
-    """A prompt source that cannot be read; the message names the file and line."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +48,13 @@ def make_set(name: str, prompts, limit: int | None = None, where: str | None = N
     return PromptSet(name=name, fingerprint=fingerprint(prompts), prompts=prompts)
 
 
-def load_prompts(source: str, field: str | None = None, limit: int | None = None) -> PromptSet:
-    """A PromptSet from "builtin", a local file or "hf:NAME[:split]"; the first `limit` prompts."""
+def load_prompts(source: str, field: str | None = None, limit: int | None = None,
+                 label: str | None = None) -> PromptSet:
+    """A PromptSet from "builtin", a local file or "hf:NAME[:split]"; the first `limit` prompts.
+
+    Files are read only as far as the first `limit` prompts. `label` names the file in errors
+    and in the set's name (an uploaded file's own name rather than where it was saved).
+    """
     if limit is not None and limit < 1:
         raise DatasetError(f"limit must be at least 1, got {limit}")
     source = (source or "").strip()
@@ -61,93 +64,28 @@ def load_prompts(source: str, field: str | None = None, limit: int | None = None
         return make_set(BUILTIN_NAME, PROMPTS, limit)
     if source.startswith("hf:"):
         return _load_hf(source, field, limit)
-    return load_file(Path(source).expanduser(), field, limit)
+    return load_file(Path(source).expanduser(), field, limit, label)
 
 
-def load_file(path: Path, field: str | None = None, limit: int | None = None) -> PromptSet:
+READERS = {".jsonl": jsonl_records, ".json": json_records, ".csv": csv_records,
+           ".parquet": parquet_records, ".txt": txt_records}
+
+
+def load_file(path: Path, field: str | None = None, limit: int | None = None,
+              label: str | None = None) -> PromptSet:
+    name = label or str(path)
     if not path.is_file():
-        raise DatasetError(f"{path}: no such file (give 'builtin', a file path or hf:NAME)")
+        raise DatasetError(f"{name}: no such file (give 'builtin', a file path or hf:NAME)")
     suffix = path.suffix.lower()
-    readers = {".jsonl": jsonl_records, ".json": _json_records, ".csv": _csv_records,
-               ".parquet": _parquet_records}
-    if suffix == ".txt":
-        prompts = _txt_prompts(path, limit)
-    elif suffix in readers:
-        prompts = _prompts(readers[suffix](path), path, field, limit)
-    else:
-        raise DatasetError(f"{path}: unsupported file type {suffix or '(none)'}; "
+    if suffix not in READERS:
+        raise DatasetError(f"{name}: unsupported file type {suffix or '(none)'}; "
                            f"use one of {', '.join(SUFFIXES)}")
-    return make_set(path.name, prompts, limit, where=str(path))
-
-
-# --- readers: each yields (where, record) with `where` like "line 7" -----------------------------
-
-def _read_text(path: Path) -> str:
+    records = READERS[suffix](path, name)
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot read ({e.strerror})") from None
-
-
-def jsonl_records(path: Path):
-    """(where, record) per non-empty line of a JSONL file; bad JSON names the file and line."""
-    for n, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield f"line {n}", json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path} line {n}: invalid JSON ({e.msg})") from None
-
-
-def _json_records(path: Path):
-    try:
-        data = json.loads(_read_text(path))
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path} line {e.lineno}: invalid JSON ({e.msg})") from None
-    if isinstance(data, dict):  # {"data": [...]} and similar wrappers
-        lists = [v for v in data.values() if isinstance(v, list)]
-        if len(lists) != 1:
-            raise DatasetError(f"{path} line 1: expected a list of records, or an object holding "
-                               "exactly one list")
-        data = lists[0]
-    if not isinstance(data, list):
-        raise DatasetError(f"{path} line 1: expected a list of records, got {type(data).__name__}")
-    for i, rec in enumerate(data, start=1):
-        yield f"item {i}", rec
-
-
-def _csv_records(path: Path):
-    reader = csv.DictReader(_read_text(path).splitlines(keepends=True))
-    if not reader.fieldnames:
-        raise DatasetError(f"{path} line 1: no header row")
-    try:
-        for rec in reader:
-            if None in rec:
-                raise DatasetError(f"{path} line {reader.line_num}: more values than header "
-                                   "columns")
-            yield f"line {reader.line_num}", rec
-    except csv.Error as e:
-        raise DatasetError(f"{path} line {reader.line_num}: {e}") from None
-
-
-def _parquet_records(path: Path):
-    import pandas as pd
-
-    try:
-        frame = pd.read_parquet(path)
-    except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds for a damaged file
-        raise DatasetError(f"{path}: not a readable Parquet file ({first_line(e)})") from None
-    for i, rec in enumerate(frame.to_dict(orient="records"), start=1):
-        yield f"row {i}", rec
-
-
-def _txt_prompts(path: Path, limit: int | None) -> list[str]:
-    """One prompt per non-empty line."""
-    lines = [ln.strip() for ln in _read_text(path).splitlines()]
-    return [ln for ln in lines if ln][:limit]
+        prompts = _prompts(records, name, field, limit)
+    finally:
+        records.close()  # stop reading (closes the file) when the limit came first
+    return make_set(Path(label).name if label else path.name, prompts, limit, where=name)
 
 
 # --- field detection -----------------------------------------------------------------------------
@@ -156,8 +94,6 @@ def _prompts(records, path, field: str | None, limit: int | None) -> list[str]:
     out: list[str] = []
     chosen = field
     for where, rec in records:
-        if limit is not None and len(out) >= limit:
-            break
         if isinstance(rec, str):
             text = rec
         elif isinstance(rec, dict):
@@ -170,6 +106,8 @@ def _prompts(records, path, field: str | None, limit: int | None) -> list[str]:
         if not text.strip():
             raise DatasetError(f"{path} {where}: empty prompt in field {chosen!r}")
         out.append(text.strip())
+        if limit is not None and len(out) >= limit:
+            break  # the reader is not asked for another record
     return out
 
 
@@ -217,6 +155,10 @@ def _load_hf(source: str, field: str | None, limit: int | None) -> PromptSet:
         raise DatasetError(f"{source}: expected hf:NAME, hf:NAME:split or hf:NAME:config:split")
     name, config = parts[0], (parts[1] or None if len(parts) == 3 else None)
     split = parts[-1] if len(parts) > 1 and parts[-1] else "train"
+    reason = unreachable_reason()  # before datasets' own retries (half a minute offline)
+    if reason is not None:
+        raise DatasetError(f"{source}: cannot stream the dataset: the hub is out of reach "
+                           f"({reason})")
     try:
         import datasets
 

@@ -27,8 +27,11 @@ import torch
 from . import store
 from .adapter import DecoderAdapter
 from .data import BUILTIN_NAME, jsonl_records, load_prompts
+from .errors import InputError
 from .pop import check_prompt, decode_step, repair_maps, run_prompt
 from .progress import Tracker
+from .readers import read_text
+from .records import check
 
 KIND = "drift"  # store kind of single-prompt results
 KIND_BY_LENGTH = "drift_by_length"  # store kind of drift-vs-length curves
@@ -36,7 +39,7 @@ QUANTITIES = ("hidden", "k", "v", "attn_out")
 QUANTILES = (0.1, 0.25, 0.5)  # low quantiles: drift lives in the lower tail
 
 
-class DriftError(ValueError):
+class DriftError(InputError):
     """An input drift cannot measure (too short a prompt, no tokenizer, no text)."""
 
 
@@ -342,14 +345,18 @@ def _model_params(lm) -> dict:
 
 
 def cached_drift(lm, prompt_ids, skip, cfg: DriftConfig = DriftConfig(), use_cache: bool = True,
-                 progress=None, variant: str = "pop") -> tuple[DriftResult, bool]:
-    """drift() through the results store; the bool says whether it was a cache hit."""
+                 progress=None, variant: str = "pop",
+                 notice=None) -> tuple[DriftResult, bool]:
+    """drift() through the results store; the bool says whether it was a cache hit.
+    notice(line) hears about an ignored entry or a cache that cannot be written."""
     ids = [int(t) for t in prompt_ids]
     params = {**_model_params(lm), "prompt_sha": _sha(json.dumps(ids)), "prompt_tokens": len(ids),
               "skip": sorted(int(i) for i in skip), "config": asdict(cfg),
               **_variant_params(lm, variant, skip)}
+    expect = {"model": lm.name, "prompt_tokens": len(ids), "skip_layers": params["skip"]}
     payload, hit = store.cached(
-        KIND, params, lambda: drift(lm, ids, skip, cfg, progress, variant).to_dict(), use_cache)
+        KIND, params, lambda: drift(lm, ids, skip, cfg, progress, variant).to_dict(), use_cache,
+        lambda p: check(KIND, DriftResult, p, lm.adapter.n_layers, expect), notice)
     return DriftResult.from_dict(payload), hit
 
 
@@ -367,8 +374,7 @@ def list_drifts() -> list[dict]:
 
 
 def load_drift(key: str) -> DriftResult | None:
-    payload = store.load(KIND, key)
-    return None if payload is None else DriftResult.from_dict(payload)
+    return store.load_record(KIND, key, DriftResult)
 
 
 def _sha(text: str) -> str:
@@ -395,7 +401,7 @@ def read_texts(source: str | None) -> tuple[list[str], str]:
     if not path.is_file():
         raise DriftError(f"text source {source} is not a file")
     if path.suffix == ".txt":
-        return [path.read_text(encoding="utf-8")], path.name
+        return [read_text(path, source)], path.name  # errors name the file and line
     if path.suffix == ".jsonl":
         return _jsonl_texts(path), path.name
     return list(load_prompts(str(path)).prompts), path.name
@@ -457,6 +463,8 @@ def drift_by_length(lm, lengths: list[int], skip, cfg: DriftConfig = DriftConfig
 def _by_length(lm, lengths, skip, cfg: DriftConfig, texts: list[str], name: str,
                progress) -> list[dict]:
     prompts, repeated = length_prompts(lm, list(lengths), texts)
+    for ids in prompts:  # every length is checked before the first one runs
+        _check(lm.adapter, len(ids), skip, cfg)
     tracker = Tracker(2 * cfg.decode_steps * len(prompts), progress, "drift by length")
     rows = []
     for n, ids in zip(lengths, prompts):
@@ -471,7 +479,7 @@ def _by_length(lm, lengths, skip, cfg: DriftConfig, texts: list[str], name: str,
 
 def cached_drift_by_length(lm, lengths: list[int], skip, cfg: DriftConfig = DriftConfig(),
                            text_source: str | None = None, use_cache: bool = True,
-                           progress=None) -> tuple[list[dict], bool]:
+                           progress=None, notice=None) -> tuple[list[dict], bool]:
     """drift_by_length() through the results store, keyed by the texts' fingerprint."""
     texts, name = read_texts(text_source)  # read once: for the key and for the run
     params = {**_model_params(lm), "lengths": [int(n) for n in lengths],
@@ -481,7 +489,8 @@ def cached_drift_by_length(lm, lengths: list[int], skip, cfg: DriftConfig = Drif
     def compute() -> dict:
         return {"rows": _by_length(lm, lengths, skip, cfg, texts, name, progress)}
 
-    payload, hit = store.cached(KIND_BY_LENGTH, params, compute, use_cache)
+    payload, hit = store.cached(KIND_BY_LENGTH, params, compute, use_cache, lambda p: check(
+        KIND_BY_LENGTH, None, p, expect={"lengths": params["lengths"]}), notice)
     return payload["rows"], hit
 
 

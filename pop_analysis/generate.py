@@ -5,11 +5,13 @@ boundary step included). `run` drains it into a `Generation` with the measuremen
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from .errors import InputError
 from .models import LoadedModel
 from .pop import check_prompt, check_variant, decode_drop, decode_step, run_prompt
 
@@ -23,6 +25,34 @@ class SamplingConfig:
     top_p: float = 1.0  # nucleus mass kept when sampling
     seed: int = 0  # sampling seed (one generator per run)
     stop_at_eos: bool = True  # end on the tokenizer's / config's EOS ids
+
+    def __post_init__(self):
+        check_sampling(self.max_new_tokens, self.temperature, self.top_p, self.seed)
+
+
+class SamplingError(InputError):
+    """Sampling parameters no run can use; the message says which and why."""
+
+
+def check_sampling(max_new_tokens, temperature, top_p, seed=0) -> None:
+    """max_new_tokens >= 1, finite temperature >= 0, finite 0 < top_p <= 1, 0 <= seed < 2**63."""
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise SamplingError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not _is_real(temperature) or not (math.isfinite(temperature) and temperature >= 0):
+        raise SamplingError(f"temperature must be a finite number >= 0 (0 = greedy), "
+                            f"got {temperature!r}")
+    if not _is_real(top_p) or not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise SamplingError(f"top_p must be a number in (0, 1], got {top_p!r}")
+    if not _is_int(seed) or not 0 <= seed < 2 ** 63:
+        raise SamplingError(f"seed must be an integer in 0..2**63-1, got {seed!r}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)

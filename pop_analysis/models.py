@@ -6,9 +6,13 @@ de-quantised once by transformers' GGUF loader and saved under cache/models/ as 
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import os
+import shutil
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +20,7 @@ import torch
 
 from .adapter import DecoderAdapter, check_supported
 from .errors import first_line
+from .hub import unreachable_reason
 from .paths import cache_dir
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -122,14 +127,50 @@ def converted_dir(name: str) -> Path:
     return cache_dir() / "models" / name
 
 
-def convert_embedded(name: str) -> Path:
-    """De-quantise the GGUF once and save it as safetensors; return the directory."""
+def convert_embedded(name: str, convert=None) -> Path:
+    """The converted model's directory, converting it first when needed; returns the directory.
+
+    One conversion at a time (a file lock beside the target): a second process waits, then
+    finds the finished model. The files are written to a fresh temporary folder beside the
+    target and renamed into place whole, so a partial conversion is never used; a partial one
+    that a killed run left behind is removed by the next conversion. `convert(entry, folder)`
+    writes the model into `folder` (default: de-quantise the GGUF; tests inject a fast one).
+    """
+    out = converted_dir(name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with conversion_lock(out):
+        if (out / "config.json").exists():
+            return out  # another process converted it while this one waited
+        for stale in out.parent.glob(f".{name}.partial-*"):  # the lock holder owns all partials
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{name}.partial-"))
+        try:
+            (convert or _convert_gguf)(REGISTRY[name], tmp)
+            if out.exists():
+                shutil.rmtree(out)  # a folder without config.json is no model
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return out
+
+
+@contextmanager
+def conversion_lock(out: Path):
+    """An exclusive lock on cache/models/.<name>.lock; the OS drops it if the process dies."""
+    with open(out.parent / f".{out.name}.lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _convert_gguf(entry: EmbeddedModel, folder: Path) -> None:
+    """De-quantise the package's GGUF file and save it as safetensors (and the tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    entry = REGISTRY[name]
     src = gguf_path(entry)
-    out = converted_dir(name)
-    tmp = out.with_name(out.name + ".partial")
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     model.hf_quantizer = None  # a GGUF load carries a quantizer that save_pretrained refuses
@@ -137,14 +178,8 @@ def convert_embedded(name: str) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.architectures = ["LlamaForCausalLM"]
-    tmp.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    if out.exists():
-        import shutil
-        shutil.rmtree(out)
-    os.replace(tmp, out)  # atomic: a half conversion is never mistaken for a whole one
-    return out
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
 
 
 def resolve_source(name: str) -> tuple[str, bool]:
@@ -164,6 +199,20 @@ def resolve_source(name: str) -> tuple[str, bool]:
             "not a local directory and not a hub id of the form owner/name"
         )
     return name, False
+
+
+def hub_fallback(name: str, source: str) -> bool:
+    """Before any hub download: True (load from the local Hugging Face cache) when the hub is out
+    of reach but the model is cached, False when the hub answers; one-line error otherwise."""
+    reason = unreachable_reason()
+    if reason is None:
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(source, "config.json"), str):
+        return True
+    raise ModelLoadError(f"model {name!r} needs the Hugging Face hub, which is out of reach "
+                         f"({reason}), and is not in the local Hugging Face cache")
 
 
 def load_config(source: str, local: bool, trust_remote_code: bool = False):
@@ -208,6 +257,8 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     device = device or default_device()
     torch_dtype = parse_dtype(dtype, device)
     source, local = resolve_source(name)
+    if not local:
+        local = hub_fallback(name, source)
     config = load_config(source, local, trust_remote_code)
     try:
         check_supported(config)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .adapter import DecoderAdapter
+from .errors import InputError
 from .skipset import describe
 
 VARIANTS = ("full", "pop", "pop_no_kv", "pop_no_boundary", "static", "pop_repair")
@@ -28,7 +29,7 @@ _PREFILL_SKIP_MODE = {"full": None, "pop": "kv", "pop_no_kv": "drop", "pop_no_bo
                       "static": "drop", "pop_repair": "repair"}
 
 
-class PromptError(ValueError):
+class PromptError(InputError):
     """A prompt the model cannot take (empty, or longer than the context)."""
 
 

@@ -5,30 +5,46 @@ a ratio (the last round(ratio * L) layers, as in the paper) or a preset name.
 """
 from __future__ import annotations
 
+from .errors import InputError, shown
+
 PRESETS = ("paper", "shallow", "interleaved", "none")
+MAX_LAYERS = 10_000  # bound for layer numbers parsed without a model (no model is deeper)
 
 
-class SkipSetError(ValueError):
+class SkipSetError(InputError):
     """An impossible skip set; the message says why."""
 
 
-def parse_layers(text: str) -> tuple[int, ...]:
-    """'20-29' or '3,5,7-9' -> (3, 5, 7, 8, 9). Empty text is the empty set."""
+def parse_layers(text: str, n_layers: int | None = None) -> tuple[int, ...]:
+    """'20-29' or '3,5,7-9' -> (3, 5, 7, 8, 9). Empty text is the empty set.
+
+    Every number is checked against the layer count (MAX_LAYERS without a model) before a range
+    is expanded, so '0-20000000' fails at once instead of building a list of twenty million.
+    """
+    bound = MAX_LAYERS if n_layers is None else n_layers
     layers: set[int] = set()
     for part in filter(None, (p.strip() for p in text.split(","))):
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                if hi < lo:
-                    raise SkipSetError(f"bad layer range {part!r}: end before start")
-                layers.update(range(lo, hi + 1))
-            else:
-                layers.add(int(part))
-        except ValueError as e:
-            if isinstance(e, SkipSetError):
-                raise
-            raise SkipSetError(f"bad layer list {text!r}: {part!r} is not a number or a range") from None
+        lo, hi = _bounds(part, text)
+        if hi < lo:
+            raise SkipSetError(f"bad layer range {shown(part)}: end before start")
+        if hi >= bound:
+            where = (f"the model has layers 0..{n_layers - 1}" if n_layers is not None
+                     else f"layer numbers stop at {MAX_LAYERS - 1}")
+            raise SkipSetError(f"layer(s) in {shown(part)} out of range: {where}")
+        layers.update(range(lo, hi + 1))
     return tuple(sorted(layers))
+
+
+def _bounds(part: str, text: str) -> tuple[int, int]:
+    """'7' -> (7, 7), '7-9' -> (7, 9); digits only (no signs). Over 9 digits reads as 10**9, which
+    the range check refuses, so a 5000-digit number never becomes an int."""
+    ends = [x.strip() for x in part.split("-", 1)]
+    if not all(x.isascii() and x.isdigit() for x in ends):
+        what = "" if part == text.strip() else f": {shown(part)}"
+        raise SkipSetError(f"bad layer list {shown(text)}{what} is not a number or a range like "
+                           "20-29")
+    lo, hi = (int(x) if len(x) <= 9 else 10 ** 9 for x in (ends[0], ends[-1]))
+    return lo, hi
 
 
 def last_block(n_layers: int, ratio: float) -> tuple[int, ...]:
@@ -73,7 +89,7 @@ def resolve(n_layers: int, layers=None, ratio: float | None = None,
     if sum(given) > 1:
         raise SkipSetError("give explicit layers, a ratio or a preset, not several")
     if isinstance(layers, str):
-        layers = parse_layers(layers)
+        layers = parse_layers(layers, n_layers if n_layers > 0 else None)
     if ratio is not None:
         layers = last_block(n_layers, ratio)
     elif preset_name is not None:

@@ -17,12 +17,14 @@ import time
 from dataclasses import dataclass, field
 
 from . import store
+from .errors import InputError
 from .evalsets import load_eval_set
 from .evaluate import FULL
 from .models import LoadedModel
 from .items import EvalSet
 from .progress import Tracker
 from .quality import too_few_note
+from .records import check
 from .retrieval import RetrievalConfig, RetrievalError, retrieval_items
 from .skipset import SkipSetError, last_block, preset
 from .paper import PAPER_TABLES, paper_frame  # noqa: F401 - part of this module's API
@@ -52,7 +54,7 @@ ABLATIONS = {
 DEFAULT_SAMPLES = 64
 
 
-class SweepError(ValueError):
+class SweepError(InputError):
     """A sweep that cannot run as asked; the message says why."""
 
 
@@ -317,8 +319,9 @@ def adaptive_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), calibratio
 
 
 def cached_sweep(lm: LoadedModel, kind: str, cfg: SweepConfig = SweepConfig(), use_cache=True,
-                 progress=None, calibration=None) -> tuple[SweepResult, bool]:
-    """(result, was_hit) for one kind; the key holds the model, device, data and config."""
+                 progress=None, calibration=None, notice=None) -> tuple[SweepResult, bool]:
+    """(result, was_hit) for one kind; the key holds the model, device, data and config.
+    notice(line) hears about an ignored entry or a cache that cannot be written."""
     if kind not in KINDS:
         raise SweepError(f"unknown sweep kind {kind!r}; choose from {', '.join(KINDS)}")
     evalset = None if kind == "length" else load_eval_set(lm, cfg.dataset, cfg.n_samples,
@@ -339,7 +342,9 @@ def cached_sweep(lm: LoadedModel, kind: str, cfg: SweepConfig = SweepConfig(), u
             return adaptive_sweep(lm, cfg, calibration, progress, evalset).to_dict()
         return length_sweep(lm, cfg, progress).to_dict()
 
-    payload, hit = store.cached("sweep", params, compute, use_cache)
+    expect = {"model": lm.name, "kind": kind}
+    payload, hit = store.cached("sweep", params, compute, use_cache, lambda p: check(
+        "sweep", SweepResult, p, lm.adapter.n_layers, expect), notice)
     return SweepResult.from_dict(payload), hit
 
 
@@ -359,11 +364,7 @@ def list_sweeps() -> list[dict]:
 
 
 def load_sweep(key: str) -> SweepResult | None:
-    payload = store.load("sweep", key)
-    try:
-        return SweepResult.from_dict(payload) if payload is not None else None
-    except TypeError:
-        return None
+    return store.load_record("sweep", key, SweepResult)
 
 
 def write_csv(results, path) -> None:

@@ -88,7 +88,7 @@ def test_shared_data_sets(shared_data):
     ("bad.jsonl", '{"answer": "no prompt"}\n', r"bad\.jsonl line 1: no prompt field found"),
     ("bad.jsonl", '{"messages": [{"role": "assistant", "content": "x"}]}\n', r"line 1: chat holds no user turn"),
     ("bad.json", '[{"prompt": "a"},\n {"prompt": }]', r"bad\.json line 2: invalid JSON"),
-    ("bad.json", '{"a": [1], "b": [2]}', r"bad\.json line 1: expected a list"),
+    ("bad.json", '{"a": ["x"], "b": ["y"]}', r"bad\.json line 1: expected a list.*exactly one"),
     ("bad.json", '"just a string"', r"bad\.json line 1: expected a list"),
     ("bad.json", '[{"prompt": "a"}, {"q": "b"}]', r"bad\.json item 2: field 'prompt' missing"),
     ("bad.csv", "id,prompt\n1,hello\n2,hi,extra\n", r"bad\.csv line 3: more values"),
@@ -109,7 +109,7 @@ def test_bad_sources(tmp_path):
     with pytest.raises(DatasetError, match="no such file"):
         load_prompts(str(tmp_path / "missing.jsonl"))
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
-    with pytest.raises(DatasetError, match="latin1.txt: not UTF-8"):
+    with pytest.raises(DatasetError, match=r"latin1\.txt line 1: not UTF-8"):
         load_prompts(str(tmp_path / "latin1.txt"))
     with pytest.raises(DatasetError, match="limit"):
         load_prompts("builtin", limit=0)
@@ -135,6 +135,7 @@ def test_hf_source_streams_first_rows(monkeypatch):
         return ({"question": f"q{i}", "answer": "a"} for i in range(10 ** 9))
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr("pop_analysis.data.unreachable_reason", lambda: None)  # "online"
     s = load_prompts("hf:openai/gsm8k:main:test", limit=3)
     assert s.prompts == ("q0", "q1", "q2") and s.name == "hf:openai/gsm8k:main:test"
     assert load_prompts("hf:owner/set", limit=2).name == "hf:owner/set:train"

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+from ..errors import InputError, shown
 from ..models import DEFAULT_MODEL, load_model
 from ..skipset import resolve
 
@@ -29,9 +30,26 @@ def add_skip_args(p, default_ratio: float | None = None) -> None:
     p.set_defaults(default_ratio=default_ratio)
 
 
+def int_list(text: str, flag: str, minimum: int = 0) -> list[int]:
+    """'1, 2,3' -> [1, 2, 3]: plain decimal integers >= minimum; an empty list is refused."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not all(x.isascii() and x.isdigit() for x in parts):
+        raise InputError(f"{flag} must be comma-separated integers, got {shown(text)}")
+    if not parts:
+        raise InputError(f"{flag} holds no numbers, got {shown(text)}")
+    if any(len(x) > 12 for x in parts):
+        raise InputError(f"{flag}: {shown(max(parts, key=len))} is too large")
+    values = [int(x) for x in parts]
+    if min(values) < minimum:
+        raise InputError(f"{flag} needs integers >= {minimum}, got {shown(text)}")
+    return values
+
+
 def set_threads(args) -> int:
     import torch
 
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be at least 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     return torch.get_num_threads()

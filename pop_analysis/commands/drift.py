@@ -4,10 +4,12 @@ from __future__ import annotations
 from ..data import load_prompts
 from ..drift import QUANTITIES, DriftConfig, average, cached_drift, cached_drift_by_length
 from ..generate import encode
+from ..pop import check_prompt
 from ..progress import terminal_bar
 from ..skipset import describe
 from ..store import plain
-from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
+from ._common import (add_model_args, add_skip_args, emit_json, int_list, load, quiet_hf,
+                      skip_from_args)
 from ._repair import add_repair_arg, attach_repair
 
 
@@ -38,11 +40,13 @@ def run(args) -> int:
     texts = _prompt_texts(args)
     lm = load(args)
     skip = skip_from_args(args, lm.adapter.n_layers)
+    prompts = [encode(lm, text, raw=args.raw) for text in texts]
+    for n in [len(ids) for ids in prompts] + lengths:  # every check before the first run
+        check_prompt(lm.adapter, n, cfg.decode_steps)
     rep = attach_repair(args, lm, skip, quiet=args.json)
     variants = ["pop", "pop_repair"] if rep else ["pop"]
     results = {v: [] for v in variants}
-    for n, text in enumerate(texts, 1):
-        ids = encode(lm, text, raw=args.raw)
+    for n, ids in enumerate(prompts, 1):
         for v in variants:
             bar = _labelled(f"prompt {n}/{len(texts)}")
             results[v].append(cached_drift(lm, ids, skip, cfg, not args.no_cache, bar, v)[0])
@@ -66,15 +70,7 @@ def run(args) -> int:
 
 
 def _parse_lengths(text: str | None) -> list[int]:
-    if not text:
-        return []
-    try:
-        lengths = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--lengths must be comma-separated integers, got {text!r}") from None
-    if not lengths or min(lengths) < 2:
-        raise ValueError("--lengths needs integers >= 2")
-    return lengths
+    return int_list(text, "--lengths", minimum=2) if text else []
 
 
 def _prompt_texts(args) -> list[str]:

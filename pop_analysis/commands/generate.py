@@ -5,7 +5,8 @@ from ..generate import SamplingConfig, encode
 from ..generate import run as run_generation
 from ..pop import VARIANTS, check_prompt
 from ..timing import TimingConfig, check_budget, check_rounds
-from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
+from ._common import (add_model_args, add_skip_args, emit_json, int_list, load, quiet_hf,
+                      skip_from_args)
 from ._repair import add_repair_arg, attach_repair, need_repair
 
 
@@ -31,10 +32,7 @@ def add_arguments(p) -> None:
 
 
 def parse_ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    return int_list(text, "--prompt-ids", minimum=0)
 
 
 def run(args) -> int:
@@ -48,16 +46,17 @@ def run(args) -> int:
     need_repair(args, variants)
     timing = TimingConfig(min_rounds=check_rounds(args.timing_rounds),
                           budget_s=check_budget(args.timing_budget), warmup=0)
+    cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         top_p=args.top_p, seed=args.seed)
+    given = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     lm = load(args)
     skip = skip_from_args(args, lm.adapter.n_layers)
-    ids = parse_ids(args.prompt_ids) if args.prompt_ids else encode(lm, args.prompt, raw=args.raw)
+    ids = given if given is not None else encode(lm, args.prompt, raw=args.raw)
     vocab = lm.adapter.shape.vocab
     if any(not 0 <= i < vocab for i in ids):
         raise ValueError(f"--prompt-ids must lie in 0..{vocab - 1}")
-    check_prompt(lm.adapter, len(ids), args.max_new_tokens)  # before any model work
+    check_prompt(lm.adapter, len(ids), cfg.max_new_tokens)  # before any model work
     rep = attach_repair(args, lm, skip, quiet=args.json)
-    cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         top_p=args.top_p, seed=args.seed)
     if not args.no_warmup:
         warm_up(lm, ids, variants, skip)
     runs = {v: run_variant(lm, ids, v, skip, cfg, args.json) for v in variants}

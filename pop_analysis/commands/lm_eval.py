@@ -22,7 +22,20 @@ def harness_argv(args) -> list[str]:
         rest = rest[1:]
     if not rest:
         raise ValueError(f"give lm-eval's arguments; {EXAMPLE}")
-    return rest
+    return with_device(rest)
+
+
+def with_device(rest: list[str]) -> list[str]:
+    """lm-eval's own default device is cuda:0, even on a machine without CUDA: unless the
+    arguments name one (or a config file may), add the project's choice (cuda if present, else
+    cpu). model_args' device= still wins inside pop-hf."""
+    named = any(a in ("--device", "--config", "-C") or a.startswith(("--device=", "--config="))
+                for a in rest)
+    if named or rest[0] in ("ls", "validate", "-h", "--help"):
+        return rest
+    from ..models import default_device
+
+    return [*rest, "--device", default_device()]
 
 
 def run(args) -> int:

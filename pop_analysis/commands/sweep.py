@@ -105,9 +105,9 @@ def load_calibration_arg(text: str | None):
             return json.loads(path.read_text(encoding="utf-8"))
         except ValueError as e:
             raise SweepError(f"{path}: not valid JSON ({e})") from None
-    from .. import store
+    from ..calibrate import load_calibration  # checked before it is trusted
 
-    payload = store.load("calibration", text)
+    payload = load_calibration(text)
     if payload is None:
         raise SweepError(f"no calibration {text!r}: not a JSON file nor a key in the store")
     return payload
