@@ -6,6 +6,7 @@ import torch
 
 from dashboard import charts, data, speed, state, widgets
 from pop_analysis import sweep as sw
+from pop_analysis.allowed_paths import check_source
 
 st.title("Sweeps: speed vs quality")
 st.markdown("Results of the evaluation sweeps (the CLI fills the same store), each next to the "
@@ -32,6 +33,7 @@ with st.expander("Run a sweep", expanded=False):
         cfg = sw.SweepConfig(dataset=dataset, n_samples=int(n_samples), max_new_tokens=int(max_new),
                              repeats=int(repeats))
         try:
+            check_source(dataset)  # a path typed here must lie in an allowed folder
             if kind == "adaptive" and calib is None:
                 raise ValueError("the adaptive sweep needs a calibration: run one on the Calibrate page")
             with widgets.run_lock(), widgets.ProgressBar(f"Sweep ({kind})") as bar:

@@ -40,9 +40,9 @@ def check_path(text: str | Path) -> Path:
         if path.is_relative_to(root):
             if not any(part.startswith(".") for part in path.relative_to(root).parts):
                 return path
-    raise PathNotAllowed(f"{shown(str(text))} is not a file the dashboard may read: use a file "
-                         "under the working directory, the cache or ../shared/data, or add its "
-                         f"folder to ${ENV}")
+    raise PathNotAllowed(f"{shown(str(text), 200)} is not a file the dashboard may read: use a "
+                         "file under the working directory, the cache or ../shared/data, or add "
+                         f"its folder to ${ENV}")
 
 
 def check_source(text: str) -> str:

@@ -36,6 +36,8 @@ def text_lines(path: Path, name: str | None = None):
     name = name or str(path)
     with _opened(path, name) as f:
         for n, raw in enumerate(f, start=1):
+            if b"\0" in raw:
+                raise DatasetError(f"{name} line {n}: NUL bytes (binary data, not text)")
             try:
                 yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as e:
@@ -192,11 +194,14 @@ class _JsonStream:
         while True:
             try:
                 value, end = json.JSONDecoder().raw_decode(self.buf, self.pos)
-                if end < len(self.buf) or self.eof:  # a value at the very end may be cut short
+                # A number near the end may be cut short ('12' of '12.5', '1' of '1e-3').
+                if self.eof or len(self.buf) - end > 2:
                     self.pos = end
                     return value
             except json.JSONDecodeError as e:
-                if self.eof:
+                # "Expecting value" well before the end of the buffer (further than a cut-off
+                # 'false' or '-' reaches): no later text can fix it, so read no further.
+                if self.eof or (e.msg == "Expecting value" and len(self.buf) - e.pos > 5):
                     raise DatasetError(f"{self.name} line {self.line(e.pos)}: invalid JSON "
                                        f"({e.msg})") from None
             except RecursionError:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..data import load_prompts
-from ..drift import QUANTITIES, DriftConfig, average, cached_drift, cached_drift_by_length
+from ..drift import (QUANTITIES, DriftConfig, average, cached_drift, cached_drift_by_length,
+                     read_texts)
 from ..generate import encode
 from ..pop import check_prompt
 from ..progress import terminal_bar
@@ -38,6 +39,8 @@ def run(args) -> int:
     lengths = _parse_lengths(args.lengths)
     cfg = DriftConfig(decode_steps=args.decode_steps, max_tokens_plot=args.max_tokens_plot)
     texts = _prompt_texts(args)
+    if lengths:
+        read_texts(args.text_source or args.dataset)  # a bad file fails before any model work
     lm = load(args)
     skip = skip_from_args(args, lm.adapter.n_layers)
     prompts = [encode(lm, text, raw=args.raw) for text in texts]

@@ -1,0 +1,193 @@
+"""Stored results are checked before they are trusted, and a cache that cannot be written costs
+only the caching (issue 13, findings 1 and 2)."""
+import json
+import os
+
+import pytest
+
+from pop_analysis import store
+from pop_analysis.calibrate import (KIND, CalibrationConfig, CalibrationResult, cached_calibration,
+                                    list_calibrations, load_calibration, suggest_skip)
+from pop_analysis.cli import main
+from pop_analysis.data import load_prompts
+from pop_analysis.drift import DriftResult, cached_drift
+from pop_analysis.records import RecordError, check
+
+CFG = CalibrationConfig(n_samples=2, max_new_tokens=3, batch_size=2)
+
+
+def entry_path(key: str):
+    return store.results_dir(KIND) / f"{key}.json"
+
+
+def edit_payload(key: str, **changes) -> None:
+    path = entry_path(key)
+    entry = json.loads(path.read_text(encoding="utf-8"))
+    entry["payload"].update(changes)
+    path.write_text(json.dumps(entry), encoding="utf-8")
+
+
+def notice_lines(err: str) -> list[str]:
+    """stderr lines other than the progress bar (redrawn with carriage returns)."""
+    return [ln for ln in err.split("\n") if ln.strip() and "\r" not in ln]
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return load_prompts("builtin", limit=2)
+
+
+def test_a_record_of_the_wrong_shape_is_a_miss_and_is_recomputed(embedded, cache, prompts):
+    first, hit = cached_calibration(embedded, prompts, CFG)
+    assert not hit
+    key = list_calibrations()[0]["key"]
+    edit_payload(key, prefill=[1.0, 2.0, 3.0, 4.0, 5.0])  # the red-team edit
+    notes = []
+    again, hit = cached_calibration(embedded, prompts, CFG, notice=notes.append)
+    assert not hit and len(again.prefill) == 30 and again.prefill == first.prefill
+    assert len(notes) == 1 and "prefill has 5 entries, expected 30" in notes[0], notes
+    assert "\n" not in notes[0]
+    # The recomputed result replaced the bad entry: the next call is a silent hit.
+    third, hit = cached_calibration(embedded, prompts, CFG, notice=notes.append)
+    assert hit and third == again and len(notes) == 1
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"prefill": [0.1] * 29 + [float("inf")]}, "prefill[29] is inf, not a finite number"),
+    ({"prefill": [0.1] * 29 + ["0.1"]}, "prefill[29] is '0.1', not a finite number"),
+    ({"n_layers": 5}, "the record is for 5 layers, the model has 30"),
+    ({"decode_samples": [[0.0] * 30]}, "decode_samples has 1 entries, expected 2"),
+    ({"block_influence": {"prefill": [0.0] * 30}}, "block_influence.decode"),
+    ({"prefill": None}, "prefill is None, not a list"),
+])
+def test_every_kind_of_bad_field_is_named(embedded, cache, prompts, change, why):
+    cached_calibration(embedded, prompts, CFG)
+    key = list_calibrations()[0]["key"]
+    edit_payload(key, **change)
+    notes = []
+    assert load_calibration(key, 30, notes.append) is None
+    assert len(notes) == 1 and why in notes[0], notes
+
+
+def test_an_entry_under_another_key_or_kind_is_not_trusted(embedded, cache, prompts):
+    cached_calibration(embedded, prompts, CFG)
+    key = list_calibrations()[0]["key"]
+    other = "0123456789abcdef0123"
+    os.link(entry_path(key), entry_path(other))  # the same file under a name it does not hold
+    notes = []
+    assert load_calibration(other, notice=notes.append) is None
+    assert "not those of its file" in notes[0]
+    assert [e["key"] for e in list_calibrations()] == [key]  # not even listed
+    assert store.load("drift", key) is None  # another kind's folder: a plain miss
+
+
+def test_keys_that_are_not_store_keys_name_no_file(cache):
+    """A key typed by a user (sweep --calibration KEY) never becomes a path."""
+    (cache / "secret.json").write_text('{"payload": {}}')
+    for key in ("../../secret", "/etc/passwd", "", "ABC", "0" * 200):
+        assert store.load(KIND, key) is None
+    with pytest.raises(ValueError, match="not a store key"):
+        store.save(KIND, "../escape", {})
+
+
+def test_a_record_for_another_layer_count_is_a_miss(embedded, cache, prompts):
+    cached_calibration(embedded, prompts, CFG)
+    key = list_calibrations()[0]["key"]
+    notes = []
+    assert load_calibration(key, n_layers=6, notice=notes.append) is None
+    assert "the record is for 30 layers, the model has 6" in notes[0]
+    assert load_calibration(key) is not None  # alone it is a valid 30-layer record
+
+
+def test_cli_calibrate_json_recomputes_a_bad_entry_with_one_warning(embedded, cache, capsys,
+                                                                    monkeypatch):
+    import pop_analysis.commands.calibrate as command
+
+    monkeypatch.setattr(command, "load", lambda args: embedded)
+    args = ["calibrate", "--samples", "1", "--max-new-tokens", "2", "--batch-size", "1", "--json"]
+    assert main(args) == 0
+    good = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    key = list_calibrations()[0]["key"]
+    edit_payload(key, prefill=[1.0, 2.0, 3.0, 4.0, 5.0])
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    redo = json.loads(out.strip().splitlines()[-1])
+    assert redo["prefill"] == good["prefill"] and len(redo["prefill"]) == 30
+    assert redo["suggested_skip"] == good["suggested_skip"]
+    lines = notice_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("warning: stored calibration result"), err
+
+
+def test_drift_entries_are_checked_against_the_prompt_and_skip_set(embedded, cache):
+    ids = embedded.tokenizer("The cat sat on the mat and looked at the door.")["input_ids"]
+    from pop_analysis.drift import DriftConfig
+
+    cfg = DriftConfig(decode_steps=2)
+    first, hit = cached_drift(embedded, ids, range(20, 30), cfg)
+    assert not hit
+    path = next(store.results_dir("drift").glob("*.json"))
+    entry = json.loads(path.read_text())
+    entry["payload"]["hidden_tok"] = entry["payload"]["hidden_tok"][:3]  # 3 layers of 30
+    path.write_text(json.dumps(entry))
+    notes = []
+    again, hit = cached_drift(embedded, ids, range(20, 30), cfg, notice=notes.append)
+    assert not hit and len(again.hidden_tok) == 30 and "hidden_tok has 3 entries" in notes[0]
+    check("drift", DriftResult, again.to_dict(), 30, {"prompt_tokens": len(ids)})
+    with pytest.raises(RecordError, match="prompt_tokens"):
+        check("drift", DriftResult, again.to_dict(), 30, {"prompt_tokens": len(ids) + 1})
+
+
+def test_unwritable_cache_still_returns_the_result_with_one_notice(embedded, cache, prompts):
+    (cache / "results").write_text("a file where the results folder should be")
+    notes = []
+    result, hit = cached_calibration(embedded, prompts, CFG, notice=notes.append)
+    assert not hit and result.n_layers == 30 and len(result.prefill) == 30
+    assert len(notes) == 1 and notes[0].startswith("cannot store the calibration result"), notes
+
+
+@pytest.mark.parametrize("command", [
+    ["calibrate", "--samples", "1", "--max-new-tokens", "2", "--batch-size", "1", "--json"],
+    ["drift", "--prompt", "Explain photosynthesis in one line.", "--decode-steps", "1", "--json"],
+])
+def test_cli_prints_the_result_when_the_cache_cannot_be_written(embedded, cache, capsys,
+                                                                monkeypatch, command):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(f"pop_analysis.commands.{command[0]}"), "load",
+                        lambda args: embedded)
+    (cache / "results").write_text("not a folder")
+    assert main(command) == 0
+    out, err = capsys.readouterr()
+    payload = json.loads(out.strip().splitlines()[-1])
+    assert payload["model"] == "smollm2-135m"
+    lines = notice_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("warning: cannot store the "), err
+
+
+def test_stale_temp_files_of_a_dead_run_are_removed_on_the_next_save(cache):
+    folder = store.results_dir(KIND)
+    folder.mkdir(parents=True)
+    stale, fresh = folder / ".aaaa.x1.tmp", folder / ".bbbb.x2.tmp"
+    stale.write_text("half an entry from a killed run")
+    fresh.write_text("being written right now by another process")
+    old = store.RUN_STARTED - store.TMP_GRACE_S - 3600
+    os.utime(stale, (old, old))
+    store.save(KIND, store.make_key({"a": 1}), {"x": 1})
+    assert not stale.exists() and fresh.exists()
+
+
+def test_a_valid_record_is_safe_to_use(embedded, cache, prompts):
+    """What passes the check is usable by the code that reads it (suggestions, the CLI report)."""
+    from pop_analysis.commands.calibrate import report
+
+    result, _ = cached_calibration(embedded, prompts, CFG)
+    key = list_calibrations()[0]["key"]
+    loaded = load_calibration(key, 30)
+    assert isinstance(loaded, CalibrationResult) and loaded == result
+    assert report(loaded, True, suggest_skip(loaded)).count("\n") > 30
