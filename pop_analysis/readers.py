@@ -200,8 +200,8 @@ class _JsonStream:
                     return value
             except json.JSONDecodeError as e:
                 # "Expecting value" well before the end of the buffer (further than a cut-off
-                # 'false' or '-' reaches): no later text can fix it, so read no further.
-                if self.eof or (e.msg == "Expecting value" and len(self.buf) - e.pos > 5):
+                # '-Infinity' reaches): no later text can fix it, so read no further.
+                if self.eof or (e.msg == "Expecting value" and len(self.buf) - e.pos > 9):
                     raise DatasetError(f"{self.name} line {self.line(e.pos)}: invalid JSON "
                                        f"({e.msg})") from None
             except RecursionError:

@@ -18,9 +18,17 @@ from .errors import InputError
 
 STAGES = ("prefill", "decode")
 DRIFT_QUANTITIES = ("hidden", "k", "v", "attn_out")
-# Kinds whose float fields may hold None: a NaN in memory is stored as null (store.plain), e.g.
-# a cosine with no cached position under a sliding window, or a quality metric not measured.
-NAN_AS_NULL = {"drift", "drift_by_length", "sweep"}
+# Fields whose numbers may be None: a NaN in memory is stored as null (store.plain), e.g. a
+# cosine with no cached position under a sliding window, or a quality metric not measured.
+ALL = frozenset({"*"})
+NAN_AS_NULL = {
+    "drift": frozenset(f"{q}_{s}" for q in ("hidden", "k", "v", "attn_out")
+                       for s in ("cos", "min", "tok")) | {"quantiles"},
+    "sweep_row": ALL,
+    "drift_by_length": ALL,
+}
+SHAPE_FIELDS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "intermediate",
+                "vocab", "max_positions")  # adapter.Shape, read by the ideal-speedup counts
 DERIVED = {"lengths"}  # expectations on something other than a field (drift rows' lengths)
 
 
@@ -36,7 +44,7 @@ def check(kind: str, cls, payload, n_layers: int | None = None, expect: dict | N
     """
     if not isinstance(payload, dict):
         raise RecordError(f"the payload is a {type(payload).__name__}, not an object")
-    nulls, expect = kind in NAN_AS_NULL, expect or {}
+    nulls, expect = NAN_AS_NULL.get(kind, frozenset()), expect or {}
     if cls is not None:
         check_fields(cls, payload, nulls)
     for name, want in expect.items():
@@ -44,7 +52,7 @@ def check(kind: str, cls, payload, n_layers: int | None = None, expect: dict | N
             raise RecordError(f"{name} is {_short(payload.get(name))}, expected {_short(want)}")
     shape = _SHAPES.get(kind)
     if shape is not None:
-        shape(payload, n_layers, nulls, expect)
+        shape(payload, n_layers, expect)
 
 
 # --- types from the dataclass ----------------------------------------------------------------
@@ -57,14 +65,15 @@ def _hints(cls) -> tuple[tuple[str, object, bool], ...]:
                   and f.default_factory is dataclasses.MISSING) for f in dataclasses.fields(cls))
 
 
-def check_fields(cls, d: dict, nulls: bool = False, where: str = "") -> None:
-    """Every field of `cls` present in `d` has its declared type; required fields are present."""
+def check_fields(cls, d: dict, nulls: frozenset = frozenset(), where: str = "") -> None:
+    """Every field of `cls` present in `d` has its declared type; required fields are present.
+    Numbers in the fields named in `nulls` (ALL: every field) may be None."""
     for name, hint, required in _hints(cls):
         if name not in d:
             if required:
                 raise RecordError(f"{where}{name} is missing")
             continue
-        _value(d[name], hint, f"{where}{name}", nulls)
+        _value(d[name], hint, f"{where}{name}", nulls is ALL or name in nulls)
 
 
 def _value(v, hint, where: str, nulls: bool) -> None:
@@ -163,27 +172,44 @@ def _layer_ids(xs, n: int, where: str) -> None:
         raise RecordError(f"{where} {_short(xs)} are not distinct layers of 0..{n - 1}")
 
 
-def _calibration(d: dict, n_layers: int | None, nulls: bool, expect: dict) -> None:
+def _calibration(d: dict, n_layers: int | None, expect: dict) -> None:
     n = _layers(d, n_layers)
+    _shape(d.get("shape"), n)
     samples = d["n_samples"]
     if samples < 1:
         raise RecordError(f"n_samples is {samples}, not positive")
     for name in ("prefill", "decode", "prefill_std", "decode_std"):
         _length(d[name], n, name)
     for name in ("prefill_samples", "decode_samples"):
-        _matrix(d[name], samples, n, name, nulls)
-    _stage_lists(d, "block_influence", n, nulls, optional=False)
+        _matrix(d[name], samples, n, name, False)
+    _stage_lists(d, "block_influence", n, False, optional=False)
     for name in ("loo", "loo_taylor"):
-        _stage_lists(d, name, n, nulls, optional=True)
+        _stage_lists(d, name, n, False, optional=True)
     corr = d.get("rank_corr")
     if corr is not None:
-        numbers([corr.get(s) for s in STAGES], "rank_corr", nulls=True)
+        if not set(STAGES) <= set(corr):
+            raise RecordError("rank_corr lacks prefill or decode")
+        numbers([corr[s] for s in STAGES], "rank_corr", nulls=True)
     for name in ("prompt_tokens", "response_tokens", "loss"):
         if d.get(name):
             _length(d[name], samples, name)
 
 
-def _drift(d: dict, n_layers: int | None, nulls: bool, expect: dict) -> None:
+def _shape(shape, n: int) -> None:
+    """None, or every Shape field a positive integer (a bounded one: FLOP counts use floats)."""
+    if shape is None:
+        return
+    if not isinstance(shape, dict):
+        raise RecordError(f"shape is {_short(shape)}, not an object")
+    for k in SHAPE_FIELDS:
+        v = shape.get(k)
+        if not _is_int(v) or not (0 if k == "max_positions" else 1) <= v <= 2 ** 40:
+            raise RecordError(f"shape.{k} is {_short(v)}, not a size")
+    if shape["n_layers"] != n:
+        raise RecordError(f"shape.n_layers is {shape['n_layers']}, n_layers is {n}")
+
+
+def _drift(d: dict, n_layers: int | None, expect: dict) -> None:
     n = _layers(d, n_layers)
     _layer_ids(d["skip_layers"], n, "skip_layers")
     if d["prompt_tokens"] < 2 or d.get("n_prompts", 1) < 1:
@@ -195,9 +221,9 @@ def _drift(d: dict, n_layers: int | None, nulls: bool, expect: dict) -> None:
         _length(d[f"{q}_cos"], n, f"{q}_cos")
         _length(d[f"{q}_min"], n, f"{q}_min")
         if q == "attn_out":
-            _matrix(d[f"{q}_tok"], n, steps, f"{q}_tok", nulls)
+            _matrix(d[f"{q}_tok"], n, steps, f"{q}_tok", True)
         else:
-            width = _matrix(d[f"{q}_tok"], n, width, f"{q}_tok", nulls)
+            width = _matrix(d[f"{q}_tok"], n, width, f"{q}_tok", True)
     for name in ("tokens", "token_positions"):
         if d.get(name):
             _length(d[name], width, name)
@@ -206,17 +232,19 @@ def _drift(d: dict, n_layers: int | None, nulls: bool, expect: dict) -> None:
         if not isinstance(per, dict):
             raise RecordError(f"quantiles.{q} is {_short(per)}, not an object")
         for p, row in per.items():
-            numbers(row, f"quantiles.{q}.{p}", nulls)
+            numbers(row, f"quantiles.{q}.{p}", True)
             _length(row, n, f"quantiles.{q}.{p}")
 
 
-def _sweep(d: dict, n_layers: int | None, nulls: bool, expect: dict) -> None:
+def _sweep(d: dict, n_layers: int | None, expect: dict) -> None:
     from .sweep import SweepRow  # the row type lives with the sweep (imported when one is read)
 
+    if not d["rows"]:
+        raise RecordError("rows is empty")
     for i, row in enumerate(d["rows"]):
         if not isinstance(row, dict):
             raise RecordError(f"rows[{i}] is {_short(row)}, not an object")
-        check_fields(SweepRow, row, nulls, where=f"rows[{i}].")
+        check_fields(SweepRow, row, NAN_AS_NULL["sweep_row"], where=f"rows[{i}].")
         if n_layers is not None:
             _layer_ids(row["skip_layers"], n_layers, f"rows[{i}].skip_layers")
 
@@ -224,14 +252,14 @@ def _sweep(d: dict, n_layers: int | None, nulls: bool, expect: dict) -> None:
 DRIFT_ROW_NUMBERS = ("hidden_cos", "k_cos", "v_cos", "attn_out_cos", "kl", "top1_agree", "v_min")
 
 
-def _drift_by_length(d: dict, n_layers: int | None, nulls: bool, expect: dict) -> None:
+def _drift_by_length(d: dict, n_layers: int | None, expect: dict) -> None:
     rows = d.get("rows")
     if not isinstance(rows, list) or not rows:
         raise RecordError(f"rows is {_short(rows)}, not a list of rows")
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not _is_int(row.get("length")) or row["length"] < 2:
             raise RecordError(f"rows[{i}] is not an object with a length >= 2")
-        numbers([row.get(k) for k in DRIFT_ROW_NUMBERS], f"rows[{i}]", nulls)
+        numbers([row.get(k) for k in DRIFT_ROW_NUMBERS], f"rows[{i}]", True)
         if not isinstance(row.get("text_source"), str) or type(row.get("repeated")) is not bool:
             raise RecordError(f"rows[{i}] lacks its text_source or repeated flag")
     lengths = [row["length"] for row in rows]

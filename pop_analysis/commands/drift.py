@@ -131,7 +131,8 @@ def _print(r, by_length: list[dict]) -> None:
     print("decode step:   " + " ".join(f"{j:>6}" for j in range(len(r.kl))))
     print("KL(full||pop): " + " ".join(f"{x:6.4f}" for x in r.kl))
     print("top-1 agree:   " + " ".join(f"{x:6.2f}" for x in r.top1_agree))
-    for row in by_length:
-        print(f"{row['length']:>6} tokens: hidden {row['hidden_cos']:.4f}  K {row['k_cos']:.4f}  "
-              f"V {row['v_cos']:.4f}  attn {row['attn_out_cos']:.4f}  KL {row['kl']:.4f}  "
-              f"top-1 {row['top1_agree']:.2f}")
+    for row in by_length:  # a mean with no number behind it is stored as null
+        print(f"{row['length']:>6} tokens: hidden {_num(row['hidden_cos'], 6, 4)}  "
+              f"K {_num(row['k_cos'], 6, 4)}  V {_num(row['v_cos'], 6, 4)}  "
+              f"attn {_num(row['attn_out_cos'], 6, 4)}  KL {_num(row['kl'], 6, 4)}  "
+              f"top-1 {_num(row['top1_agree'], 4, 2)}")
