@@ -2,7 +2,6 @@
 retrieval task, built-in prompts or a hub data set, as tokenised `EvalSet`s."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -11,7 +10,8 @@ from .errors import first_line
 from .generate import encode
 from .items import EvalDataError, EvalItem, EvalSet, fingerprint
 from .models import LoadedModel
-from .paths import REPO_ROOT
+from .paths import shared_data_dir
+from .readers import DatasetError, json_records, jsonl_records, txt_records
 from .retrieval import RetrievalConfig, retrieval_items
 
 NAMED = {"gsm8k": "gsm8k_test.jsonl", "gsm8k_train": "gsm8k_train.jsonl",
@@ -22,37 +22,32 @@ REFERENCE_FIELDS = ("answer", "response", "output", "completion", "target")
 
 def data_dir() -> Path:
     """Where named data sets live: $POP_LAB_DATA, else ../shared/data beside the repository."""
-    return Path(os.environ.get("POP_LAB_DATA") or REPO_ROOT.parent / "shared" / "data")
+    return shared_data_dir()
 
 
-def read_records(path: Path) -> list[dict]:
-    """Records of a .jsonl / .json / .txt file; errors name the file and line."""
+def read_records(path: Path, limit: int | None = None) -> list[dict]:
+    """Records of a .jsonl / .json / .txt file, read only as far as the first `limit` (the
+    streaming readers of pop_analysis.readers); errors name the file and line."""
     if not path.is_file():
         raise EvalDataError(f"data file not found: {path}")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix == ".txt":
-        return [{"prompt": line} for line in text.splitlines() if line.strip()]
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise EvalDataError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-            raise EvalDataError(f"{path}: expected a JSON list of objects")
-        return data
-    if path.suffix != ".jsonl":
+    reader = {".jsonl": jsonl_records, ".json": json_records, ".txt": txt_records}.get(path.suffix)
+    if reader is None:
         raise EvalDataError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json or .txt")
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError as e:
-            raise EvalDataError(f"{path} line {n}: not valid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise EvalDataError(f"{path} line {n}: expected a JSON object")
-        out.append(rec)
+    out: list[dict] = []
+    records = reader(path)
+    try:
+        for where, rec in records:
+            rec = {"prompt": rec} if path.suffix == ".txt" else rec
+            if not isinstance(rec, dict):
+                raise EvalDataError(f"{path} {where}: expected a list of objects, got "
+                                    f"{type(rec).__name__}")
+            out.append(rec)
+            if limit is not None and len(out) >= limit:
+                break  # the reader is not asked for another record
+    except DatasetError as e:
+        raise EvalDataError(str(e)) from None
+    finally:
+        records.close()
     return out
 
 
@@ -103,7 +98,7 @@ def load_eval_set(lm: LoadedModel, source: str, limit: int | None = None, raw: b
         if source not in NAMED and not path.suffix:
             raise EvalDataError(f"unknown data set {source!r}: give one of {', '.join(NAMED)}, "
                                 "retrieval[:LENGTH], builtin, hf:NAME or a .jsonl/.json/.txt file")
-        records = read_records(path)
+        records = read_records(path, limit)
     if not records:
         raise EvalDataError(f"data set {source!r} holds no records")
     note = ""
@@ -145,7 +140,7 @@ def gsm8k_shots(n: int, source: str = "gsm8k_train") -> list[tuple[str, str]]:
     """The first n (question, answer) pairs of the GSM8K train file."""
     if n <= 0:
         return []
-    recs = read_records(data_dir() / NAMED[source])[:n]
+    recs = read_records(data_dir() / NAMED[source], n)
     return [(r["question"], r["answer"]) for r in recs]
 
 
@@ -154,7 +149,7 @@ def gsm8k_fewshot_set(lm: LoadedModel, n: int, n_shot: int = 0, source: str = "g
     """GSM8K questions as few-shot prompts (no reference: the model's own answer is scored);
     generation is cut where the model starts another 'Question:'."""
     path = data_dir() / NAMED[source] if source in NAMED else Path(source)
-    recs = read_records(path)
+    recs = read_records(path, n)
     shots = gsm8k_shots(n_shot)
     items = [EvalItem(tuple(encode(lm, gsm8k_prompt(r["question"], shots), raw)), (),
                       gsm8k_gold(r["answer"]), r["question"], {"stop_text": "\n\nQuestion:"})

@@ -9,8 +9,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from .errors import InputError
 
-class EvalDataError(ValueError):
+
+class EvalDataError(InputError):
     """An evaluation data set or task file that cannot be used; the message names the file."""
 
 

@@ -140,8 +140,10 @@ def test_wrapper_command_runs_a_local_task(tmp_path, tasks, embedded, capsys):
     tiny = tiny_model("llama", vocab_size=len(embedded.tokenizer))
     tiny.model.save_pretrained(d)
     embedded.tokenizer.save_pretrained(d)
+    # No --device and no device= in model_args: the documented command, which defaults to the
+    # project's device (CPU here) instead of lm-eval's own cuda:0.
     code = cli.main(["lm_eval", "run", "--model", "pop-hf", "--model_args",
-                     f"pretrained={d},skip=3-5,device=cpu", "--tasks", "pop_gsm8k_mc",
+                     f"pretrained={d},skip=3-5", "--tasks", "pop_gsm8k_mc",
                      "--include_path", str(tasks), "--limit", "2"])
     assert code == 0
     assert "pop_gsm8k_mc" in capsys.readouterr().out

@@ -1,5 +1,4 @@
 """Edge inputs get one clear line before any work (issue 13, findings 4, 5, 7 and 8)."""
-import json
 import math
 import tracemalloc
 
@@ -146,6 +145,21 @@ def test_readers_stop_after_the_prompts_needed(tmp_path, name, head):
         load_prompts(str(path), limit=3)
 
 
+@pytest.mark.parametrize("name, head", [
+    ("big.jsonl", '{"question": "one"}\n{"question": "two"}\n'),
+    ("big.json", '[{"question": "one"}, {"question": "two"}, '),
+    ("big.txt", "one\ntwo\n"),
+])
+def test_evaluation_reads_stop_after_the_items_needed(tmp_path, name, head):
+    from pop_analysis.evalsets import read_records
+    from pop_analysis.items import EvalDataError
+
+    path = sparse_file(tmp_path / name, head)
+    assert [r.get("question", r.get("prompt")) for r in read_records(path, 2)] == ["one", "two"]
+    with pytest.raises(EvalDataError, match=name.replace(".", r"\.")):
+        read_records(path, 3)
+
+
 def test_unterminated_csv_quote_names_the_file_and_line(tmp_path):
     path = tmp_path / "quoted.csv"
     path.write_text('prompt,id\nfine,1\n"never closed,2\nthree,3\nfour,4\n')
@@ -172,43 +186,9 @@ def test_latin1_text_source_names_the_file(embedded, tmp_path, capsys, monkeypat
 # --- 8: the documented lm-eval command on a CPU-only machine ---------------------------------
 
 def test_lm_eval_wrapper_adds_the_project_device_unless_one_is_named():
+    """tests/test_lm_eval.py runs the documented command itself (no device given)."""
     base = ["run", "--model", "pop-hf", "--tasks", "x"]
     assert with_device(base) == [*base, "--device", default_device()]
     for named in (["--device", "cpu"], ["--device=cuda:1"], ["--config", "c.yaml"]):
         assert with_device(base + named) == base + named
     assert with_device(["ls", "tasks"]) == ["ls", "tasks"]
-
-
-MC_TASK = """task: pop_safe_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: ["1", "2", "3"]
-doc_to_target: 1
-metric_list:
-  - metric: acc
-"""
-
-
-def test_lm_eval_documented_command_runs_without_a_device_flag(tmp_path, embedded, capsys,
-                                                               monkeypatch):
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    data = tmp_path / "q.jsonl"
-    data.write_text("\n".join(json.dumps({"question": f"What is {i} + 1?"}) for i in range(2)))
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "mc.yaml").write_text(MC_TASK.format(data=data))
-    d = tmp_path / "tiny"
-    tiny_model("llama", vocab_size=len(embedded.tokenizer)).model.save_pretrained(d)
-    embedded.tokenizer.save_pretrained(d)
-    code = main(["lm_eval", "run", "--model", "pop-hf", "--model_args", f"pretrained={d},skip=3-5",
-                 "--tasks", "pop_safe_mc", "--include_path", str(tmp_path / "tasks"),
-                 "--limit", "2", "--output_path", str(tmp_path / "out")])
-    assert code == 0, capsys.readouterr().err[-2000:]
-    assert "pop_safe_mc" in capsys.readouterr().out
-    saved = json.loads(next((tmp_path / "out").rglob("results*.json")).read_text())
-    assert saved["config"]["device"] == default_device()
