@@ -249,8 +249,6 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     several devices through accelerate, for models larger than one device; `device` then only
     picks the default dtype. The POP loop moves hidden states to each layer's device.
     """
-    from transformers import AutoModelForCausalLM
-
     t0 = time.perf_counter()
     if device_map is not None:
         _check_accelerate()
@@ -260,6 +258,7 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     if not local:
         local = hub_fallback(name, source)
     config = load_config(source, local, trust_remote_code)
+    from transformers import AutoModelForCausalLM  # after the offline check: it takes seconds
     try:
         check_supported(config)
     except ValueError as e:
