@@ -4,7 +4,8 @@ For each batch of items (prompts left-padded, grouped by length under a token bu
 1. the full model reads the prompts once: its greedy output (the reference for agreement, and the
    continuation of prompt-only items) and its teacher-forced next-token distributions over the
    continuation, kept while the batch lasts;
-2. every other variant reads the same prompts with its own prefill; its teacher-forced
+2. every other variant reads the same prompts with its own prefill, from its first skipped layer
+   up (below it the full model's hidden states are exact for it: trunk.py); its teacher-forced
    distributions are compared with the full model's on EVERY continuation token (NLL, top-1,
    KL(full || variant), argmax agreement) and its greedy output with the full model's.
 Per-item values come back in item order (`ItemScores`); quality.py turns them into estimates with
@@ -20,9 +21,11 @@ import torch
 from .answers import answer_matches
 from .generate import eos_ids
 from .items import EvalDataError
-from .metrics import agreement, token_fidelity
+from .metrics import agreement, self_fidelity, token_fidelity
 from .models import LoadedModel
-from .pop import check_prompt, check_variant, decode_drop, greedy_from, left_pad, run_prompt, teacher_force
+from .pop import (FirstStep, check_prompt, check_variant, decode_drop, greedy_from, left_pad,
+                  run_prompt, teacher_force)
+from .trunk import borrow_lower, continue_from, full_chunk, prompt_from, start_layer
 
 TOKEN_BUDGET = 2048  # padded tokens (prompt + continuation) per batch: bounds memory and padding
 MAX_BATCH = 16  # items per batch
@@ -136,39 +139,66 @@ class _BatchRun:
         ids, mask = left_pad([list(it.prompt_ids) for it in items], self.pad or 0, a.device)  # (B, N)
         longest = max(max(len(it.reference_ids) for it in items), self.max_new)
         check_prompt(a, ids.shape[1], longest)
-        first = run_prompt(a, ids, "full", (), attention_mask=mask)
+        starts = {v.name: start_layer(a, v.engine, v.skip) for v in variants}
+        shared = sorted({s for s in starts.values() if s > 0})
+        cache = a.new_cache()
+        h, trunk = full_chunk(a, ids, cache, 0, mask, shared)  # (B, N, D), {layer: (B, N, D)}
+        first = FirstStep(a.logits(h[:, -1:])[:, -1, :].float(), cache, ids.shape[1], mask)  # (B, V)
+        prompt_cache = copy.deepcopy(cache) if shared and self.generate else None
         generate = self.generate or any(not it.reference_ids for it in items)
         refs = self._greedy(first, ()) if generate else None
         conts = [list(it.reference_ids) or refs[k] for k, it in enumerate(items)]
         targets, valid = _right_pad(conts, a.device)  # (B, M) each
-        full_lp = self._logprobs(first, targets, mask, ())  # (B, M, V)
-        self._record(out["full"], items, idx, token_fidelity(full_lp, full_lp, targets), valid,
-                     refs, refs)
+        full_lp, cont_trunk = self._full_logprobs(first, targets, mask, shared)  # (B, M, V)
+        self._record(out["full"], items, idx, self_fidelity(full_lp, targets), valid, refs, refs)
         for v in variants:
-            first = run_prompt(a, ids, v.engine, v.skip, attention_mask=mask)
-            drop = decode_drop(v.engine, v.skip)
-            outs = self._greedy(first, drop) if self.generate else None
-            lp = self._logprobs(first, targets, mask, drop)  # (B, M, V)
+            s, drop = starts[v.name], decode_drop(v.engine, v.skip)
+            first = (prompt_from(a, trunk[s], s, v.engine, v.skip, mask) if s else
+                     run_prompt(a, ids, v.engine, v.skip, attention_mask=mask))
+            outs = self._greedy(first, drop, prompt_cache, s) if self.generate else None
+            lp = self._logprobs(first, targets, mask, drop, cont_trunk.get(s), s)  # (B, M, V)
             self._record(out[v.name], items, idx, token_fidelity(lp, full_lp, targets), valid,
                          outs, refs)
         del full_lp
 
-    def _greedy(self, first, drop) -> list[list[int]]:
-        """Greedy outputs cut after their first stop token (as generation stops there)."""
+    def _greedy(self, first, drop, lower=None, start: int = 0) -> list[list[int]]:
+        """Greedy outputs cut after their first stop token (as generation stops there); `lower`
+        lends layers below `start` to a variant that ran only from there."""
         first = copy.copy(first)
         first.cache = copy.deepcopy(first.cache)  # teacher forcing reads the untouched cache
+        if start:
+            borrow_lower(self.adapter, first.cache, lower, start)
         rows = greedy_from(self.adapter, first, drop, self.max_new, self.stop).tolist()
         return [_cut(r, self.stop) for r in rows]
 
-    def _logprobs(self, first, targets, mask, drop) -> torch.Tensor:
+    def _full_logprobs(self, first, targets, mask, shared):
+        """The full model's teacher-forced log-probs (B, M, V) and its hidden states entering
+        each shared layer at the fed positions."""
+        lp = torch.log_softmax(first.logits, -1)[:, None]  # (B, 1, V)
+        if targets.shape[1] == 1:
+            return lp, {}
+        fed, am = self._fed(targets, mask)
+        h, trunk = full_chunk(self.adapter, fed, first.cache, first.position, am, shared)  # (B, M-1, D)
+        logits = self.adapter.logits(h).float()  # (B, M-1, V)
+        return torch.cat([lp, torch.log_softmax(logits, -1)], dim=1), trunk  # (B, M, V)
+
+    def _logprobs(self, first, targets, mask, drop, trunk=None, start: int = 0) -> torch.Tensor:
         """Teacher-forced log-probs (B, M, V) of every continuation position."""
         lp = torch.log_softmax(first.logits, -1)[:, None]  # (B, 1, V)
         if targets.shape[1] > 1:
-            fed = targets[:, :-1]  # (B, M-1); right padding only feeds later (ignored) positions
-            am = torch.cat([mask, torch.ones_like(fed)], dim=1)  # (B, N+M-1)
-            logits = teacher_force(self.adapter, fed, first.cache, first.position, drop, am)  # (B, M-1, V)
+            fed, am = self._fed(targets, mask)
+            logits = (continue_from(self.adapter, trunk, start, first.cache, first.position, drop, am)
+                      if start else
+                      teacher_force(self.adapter, fed, first.cache, first.position, drop, am))  # (B, M-1, V)
             lp = torch.cat([lp, torch.log_softmax(logits, -1)], dim=1)  # (B, M, V)
         return lp
+
+    @staticmethod
+    def _fed(targets, mask):
+        """Tokens fed for teacher forcing (B, M-1) and the mask over prompt + them; right
+        padding only feeds later (ignored) positions."""
+        fed = targets[:, :-1]  # (B, M-1)
+        return fed, torch.cat([mask, torch.ones_like(fed)], dim=1)  # (B, N+M-1)
 
     def _record(self, s: ItemScores, items, idx, fid, valid, outs, refs) -> None:
         n_tok = valid.sum(1)  # (B,)

@@ -128,7 +128,14 @@ class Fidelity:
 
 def token_fidelity(lp: torch.Tensor, full_lp: torch.Tensor, targets: torch.Tensor) -> Fidelity:
     """Teacher-forced log-probs lp and full_lp (B, M, V) on targets (B, M) -> per-token metrics."""
-    nll = -lp.gather(-1, targets[..., None])[..., 0]  # (B, M)
-    arg = lp.argmax(-1)  # (B, M)
+    own = self_fidelity(lp, targets)
     kl = (full_lp.exp() * (full_lp - lp)).sum(-1).clamp_min(0.0)  # (B, M)
-    return Fidelity(nll, (arg == targets).float(), kl, (arg == full_lp.argmax(-1)).float())
+    agree = (lp.argmax(-1) == full_lp.argmax(-1)).float()  # (B, M)
+    return Fidelity(own.nll, own.top1, kl, agree)
+
+
+def self_fidelity(lp: torch.Tensor, targets: torch.Tensor) -> Fidelity:
+    """`token_fidelity` of the full model against itself: KL 0 and agreement 1 by definition."""
+    nll = -lp.gather(-1, targets[..., None])[..., 0]  # (B, M)
+    top1 = (lp.argmax(-1) == targets).float()  # (B, M)
+    return Fidelity(nll, top1, torch.zeros_like(nll), torch.ones_like(nll))

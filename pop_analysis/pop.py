@@ -27,6 +27,7 @@ VARIANTS = ("full", "pop", "pop_no_kv", "pop_no_boundary", "static", "pop_repair
 # How a layer in the skip set behaves during prefill, per variant.
 _PREFILL_SKIP_MODE = {"full": None, "pop": "kv", "pop_no_kv": "drop", "pop_no_boundary": "kv",
                       "static": "drop", "pop_repair": "repair"}
+NO_BOUNDARY = ("full", "pop_no_boundary", "static")  # x_N goes through the same stack as the prompt
 
 
 class PromptError(InputError):
@@ -189,7 +190,7 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
     mode = _PREFILL_SKIP_MODE[variant]
     am = attention_mask
     _stage(counts, "prefill")
-    if variant in ("full", "pop_no_boundary", "static"):
+    if variant in NO_BOUNDARY:
         h = prefill(adapter, ids, cache, skip, mode, attention_mask=am)  # all N positions
         logits = adapter.logits(h)[:, -1, :].float()  # (B, V)
         return FirstStep(logits, cache, n, am)
@@ -204,13 +205,24 @@ def _pruned_prompt(adapter: DecoderAdapter, ids, cache, skip, mode, am, counts) 
     with the prompt through them (exact, not an approximation) and the boundary step re-runs
     only layers first_skipped..L-1: the full model's result for x_N at a third of the cost.
     """
-    n = ids.shape[1]
     first = min(skip, default=adapter.n_layers)
-    pad = padding(am, ids.shape[0], n)  # (B, N) or None
+    pad = padding(am, ids.shape[0], ids.shape[1])  # (B, N) or None
     h, pos = _embed(adapter, ids, 0, pad)  # (B, N, D), (B, N)
     h = _layers(adapter, h, pos, cache, (), None, pad, range(first))  # shared trunk, all N
-    rest = range(first, adapter.n_layers)
-    if n > 1:
+    return prompt_above(adapter, h, pos, pad, cache, skip, mode, first, True, counts)
+
+
+def prompt_above(adapter: DecoderAdapter, h, pos, pad, cache, skip, mode, start: int,
+                 boundary: bool, counts=None) -> torch.Tensor:
+    """Layers start..L-1 of a prompt from the hidden states entering layer `start` (B, N, D);
+    logits of the first new token (B, V). With `boundary`, x_1..x_{N-1} take the pruned stack
+    and x_N the full one; without, all N take the pruned stack. Any start up to min(skip) gives
+    the same result: below it every variant computes what the full model does."""
+    rest = range(start, adapter.n_layers)
+    if not boundary:
+        h = _layers(adapter, h, pos, cache, skip, mode, pad, rest)  # (B, N, D)
+        return adapter.logits(h[:, -1:])[:, -1, :].float()  # (B, V)
+    if h.shape[1] > 1:
         prompt_pad = None if pad is None else pad[:, :-1]  # (B, N-1)
         _layers(adapter, h[:, :-1], pos[:, :-1], cache, skip, mode, prompt_pad, rest)  # pruned
     _stage(counts, "boundary")
@@ -254,6 +266,12 @@ def greedy_from(adapter: DecoderAdapter, first: FirstStep, drop=(), max_new_toke
         out.append(nxt)
         position += 1
     return torch.cat(out, dim=1).cpu()  # (B, T)
+
+
+def prefill_skip_mode(variant: str) -> str | None:
+    """How the variant's skipped layers treat prompt positions: None, "kv" or "drop"."""
+    check_variant(variant)
+    return _PREFILL_SKIP_MODE[variant]
 
 
 def decode_drop(variant: str, skip) -> tuple[int, ...]:

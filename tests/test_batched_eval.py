@@ -109,3 +109,26 @@ def test_embedded_model_batched_equals_item_by_item(embedded, shared_data):
         assert out["pop"].outputs[i] == embedded.tokenizer.decode(pop_out, skip_special_tokens=True)
         assert out["full"].outputs[i] == embedded.tokenizer.decode(ref, skip_special_tokens=True)
     assert all(kl > 0 for kl in out["pop"].next_token_kl)
+
+
+@pytest.mark.parametrize("family", ["mistral_sliding", "gemma2"])
+def test_sliding_window_models_run_every_layer_and_agree(family):
+    from test_families import build
+
+    from pop_analysis.trunk import start_layer
+
+    lm = build(family)
+    assert start_layer(lm.adapter, "pop", (3, 4, 5)) == 0  # no trunk shared across a window
+    out = evaluate_variants(lm, ITEMS[:3], VARIANTS[:2], 4)
+    for i, it in enumerate(ITEMS[:3]):
+        cont = list(it.reference_ids) or greedy_tokens(lm, it.prompt_ids, "full", (), 4)
+        s = score_continuations(lm, it.prompt_ids, [cont], "pop", (3, 4, 5))[0]
+        assert close(out["pop"].continuation_nll[i], s.nll), (family, i)
+
+
+def test_trunk_is_shared_from_the_first_skipped_layer(lm):
+    from pop_analysis.trunk import start_layer
+
+    assert start_layer(lm.adapter, "pop", (3, 4, 5)) == 3
+    assert start_layer(lm.adapter, "static", (5, 2)) == 2
+    assert start_layer(lm.adapter, "full", ()) == start_layer(lm.adapter, "pop", (0, 1)) == 0

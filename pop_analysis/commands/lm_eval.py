@@ -38,8 +38,18 @@ def with_device(rest: list[str]) -> list[str]:
     return [*rest, "--device", default_device()]
 
 
+def with_local_tasks(rest: list[str]) -> list[str]:
+    """Point lm-eval at POP Lab's local task files when a pop_* task is asked for."""
+    tasks = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--tasks"), "")
+    if "--include_path" in rest or not any(t.startswith("pop_") for t in tasks.split(",")):
+        return rest
+    from ..mc import task_dir
+
+    return [*rest, "--include_path", str(task_dir())]
+
+
 def run(args) -> int:
-    rest = harness_argv(args)
+    rest = with_local_tasks(harness_argv(args))
     from .. import lm_eval_model  # noqa: F401 - importing registers "pop-hf"
     from lm_eval.__main__ import cli_evaluate
 
