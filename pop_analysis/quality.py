@@ -6,6 +6,7 @@ full model `M_delta`, `M_delta_ci` (and `M_delta_p`, McNemar's exact p, for accu
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from . import stats
@@ -22,16 +23,18 @@ class Metric:
     binary: bool  # per-item 0/1 (exact intervals, McNemar) rather than a mean of numbers
     higher_is_better: bool
     paired: bool = True  # False where the values cover different items per variant
+    bounds: tuple = (-math.inf, math.inf)  # the range a per-item value can take
 
 
+UNIT, POSITIVE = (0.0, 1.0), (0.0, math.inf)
 METRICS = {
-    "continuation_nll": Metric("continuation_nll", False, False),
-    "next_token_kl": Metric("next_token_kl", False, False),
-    "next_token_top1": Metric("next_token_top1", False, True),
-    "teacher_forced_top1": Metric("teacher_forced_top1", False, True),
-    "greedy_agreement": Metric("greedy_agreement", False, True),
+    "continuation_nll": Metric("continuation_nll", False, False, bounds=POSITIVE),
+    "next_token_kl": Metric("next_token_kl", False, False, bounds=POSITIVE),
+    "next_token_top1": Metric("next_token_top1", False, True, bounds=UNIT),
+    "teacher_forced_top1": Metric("teacher_forced_top1", False, True, bounds=UNIT),
+    "greedy_agreement": Metric("greedy_agreement", False, True, bounds=UNIT),
     "sequence_exact": Metric("sequence_exact", True, True),
-    "first_divergence": Metric("first_divergence", False, True, paired=False),  # diverging items
+    "first_divergence": Metric("first_divergence", False, True, paired=False, bounds=POSITIVE),
     "exact_match": Metric("answer_correct", True, True),  # GSM8K number
     "retrieval_acc": Metric("answer_correct", True, True),  # retrieval code
 }
@@ -42,8 +45,8 @@ def too_few_note(n: int) -> str:
     return f"n = {n}: no 95% intervals (they need at least 2 items)"
 
 
-def estimate(values, binary: bool) -> stats.Estimate:
-    return stats.proportion_ci(values) if binary else stats.mean_ci(values)
+def estimate(values, binary: bool, bounds=(-math.inf, math.inf)) -> stats.Estimate:
+    return stats.proportion_ci(values) if binary else stats.mean_ci(values, bounds=bounds)
 
 
 def delta(values, full_values, binary: bool) -> stats.Estimate:
@@ -63,7 +66,7 @@ def metric_fields(scores: ItemScores, full: ItemScores | None = None,
         if not values:
             continue
         out[name] = sum(values) / len(values)
-        out[f"{name}_ci"] = _ci(lambda: estimate(values, m.binary))
+        out[f"{name}_ci"] = _ci(lambda: estimate(values, m.binary, m.bounds))
         if not m.paired:
             continue
         compare = full is not None and scores.variant.name != FULL.name

@@ -52,15 +52,16 @@ def _array(values) -> np.ndarray:
     return x[np.isfinite(x)]
 
 
-def mean_ci(values, confidence: float = CONFIDENCE) -> Estimate:
-    """Mean of per-item values (None / NaN dropped) with Student's t interval."""
+def mean_ci(values, confidence: float = CONFIDENCE, bounds=(-math.inf, math.inf)) -> Estimate:
+    """Mean of per-item values (None / NaN dropped) with Student's t interval, clipped to the
+    values' possible range `bounds` (a mean of fractions stays in [0, 1])."""
     x = _array(values)
     check_n(len(x))
     m, sem = float(x.mean()), float(st.sem(x))
     if sem == 0:
         return Estimate(len(x), m, (m, m), "t")
     lo, hi = st.t.interval(confidence, len(x) - 1, loc=m, scale=sem)
-    return Estimate(len(x), m, (float(lo), float(hi)), "t")
+    return Estimate(len(x), m, (max(float(lo), bounds[0]), min(float(hi), bounds[1])), "t")
 
 
 def proportion_ci(hits, confidence: float = CONFIDENCE) -> Estimate:

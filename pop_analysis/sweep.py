@@ -69,6 +69,7 @@ class SweepConfig:
                                  "pop_no_boundary", "static")  # ablation sweep rows
     lengths: tuple[int, ...] = (32, 128, 512, 2048)  # length sweep: prompt tokens
     max_new_tokens: int = 32  # greedy tokens compared with the full model
+    greedy: bool = True  # greedy decoding (agreement, answers); False: teacher-forced metrics only
     repeats: int = 3  # fewest timed rounds per speedup (the protocol runs at least 3)
     timing_budget_s: float = 2.0  # more rounds per speedup while they fit in this many seconds
     bench_tokens: int = 512  # prompt length of the speedup in ratio / ablation / adaptive rows
@@ -175,7 +176,8 @@ def _prepare(lm, cfg, evalset, runs, progress, message):
     evalset = evalset or load_eval_set(lm, cfg.dataset, cfg.n_samples, seed=cfg.seed)
     n_eval = len({run_key(e, s) for e, s in runs} | {FULL.name})
     tracker = Tracker(len(evalset.items) * n_eval + len(runs), progress, message)
-    scores = evaluate_runs(lm, evalset.items, runs, cfg.max_new_tokens, tracker, message)
+    greedy = cfg.greedy or evalset.kind == "retrieval"  # retrieval answers need generation
+    scores = evaluate_runs(lm, evalset.items, runs, cfg.max_new_tokens, tracker, message, greedy)
     return evalset, scores, tracker
 
 
@@ -319,9 +321,11 @@ def adaptive_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), calibratio
 
 
 def cached_sweep(lm: LoadedModel, kind: str, cfg: SweepConfig = SweepConfig(), use_cache=True,
-                 progress=None, calibration=None, notice=None) -> tuple[SweepResult, bool]:
+                 progress=None, calibration=None, notice=None,
+                 compute_missing: bool = True) -> tuple[SweepResult | None, bool]:
     """(result, was_hit) for one kind; the key holds the model, device, data and config.
-    notice(line) hears about an ignored entry or a cache that cannot be written."""
+    notice(line) hears about an ignored entry or a cache that cannot be written. With
+    compute_missing=False a miss gives (None, False) instead of running the sweep."""
     if kind not in KINDS:
         raise SweepError(f"unknown sweep kind {kind!r}; choose from {', '.join(KINDS)}")
     evalset = None if kind == "length" else load_eval_set(lm, cfg.dataset, cfg.n_samples,
@@ -343,8 +347,11 @@ def cached_sweep(lm: LoadedModel, kind: str, cfg: SweepConfig = SweepConfig(), u
         return length_sweep(lm, cfg, progress).to_dict()
 
     expect = {"model": lm.name, "kind": kind}
-    payload, hit = store.cached("sweep", params, compute, use_cache, lambda p: check(
-        "sweep", SweepResult, p, lm.adapter.n_layers, expect), notice)
+    checked = lambda p: check("sweep", SweepResult, p, lm.adapter.n_layers, expect)  # noqa: E731
+    if not compute_missing:
+        payload = store.load("sweep", store.make_key(params), checked, notice)
+        return (SweepResult.from_dict(payload), True) if payload is not None else (None, False)
+    payload, hit = store.cached("sweep", params, compute, use_cache, checked, notice)
     return SweepResult.from_dict(payload), hit
 
 

@@ -31,10 +31,10 @@ def run_key(engine: str, skip) -> str:
     return FULL.name if engine == "full" or not skip else f"{engine}:{','.join(map(str, skip))}"
 
 
-def evaluate_runs(lm, items, runs, new_tokens, tracker, kind) -> dict | None:
+def evaluate_runs(lm, items, runs, new_tokens, tracker, kind, greedy: bool = True) -> dict | None:
     """Every (engine, skip) of `runs` over `items` in one batched pass; None without items."""
     if not items:
         return None
     variants = {run_key(e, s): Variant(run_key(e, s), e, tuple(s)) for e, s in runs}
     step = lambda k: tracker.step(k, message=f"{kind}: evaluating")  # noqa: E731
-    return evaluate_variants(lm, items, list(variants.values()), new_tokens, step=step)
+    return evaluate_variants(lm, items, list(variants.values()), new_tokens, greedy, step=step)

@@ -1,0 +1,89 @@
+"""Reproduce the paper's Tables 3 and 4 (with intervals, plots and the retrieval and
+multiple-choice checks) into a Markdown report under docs/."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ..paths import REPO_ROOT
+from ..progress import terminal_bar
+from ..report import PARTS, ReportConfig, ReportError, collect
+from ..report_render import write_report
+from ._common import add_model_args, emit_json, load, quiet_hf
+
+DEFAULT_OUT = REPO_ROOT / "docs" / "reproduction.md"
+
+
+def add_arguments(p) -> None:
+    add_model_args(p)
+    d = ReportConfig()
+    p.add_argument("--n", type=int, default=d.n, help="items per cell of Tables 3 and 4")
+    p.add_argument("--retrieval-length", type=int, default=d.retrieval_length,
+                   help="prompt tokens of the tables' retrieval column")
+    p.add_argument("--lengths", default=",".join(map(str, d.lengths)),
+                   help="prompt lengths of the full-vs-POP retrieval check")
+    p.add_argument("--length-n", type=int, default=d.length_n, help="retrieval items per length")
+    p.add_argument("--mc-n", type=int, default=d.mc_n, help="documents per multiple-choice task")
+    p.add_argument("--greedy-tokens", type=int, default=d.greedy_tokens,
+                   help="greedy tokens compared on GSM8K (0: teacher-forced metrics only)")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed rounds per speedup")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"parts to compute now (others come from the cache): {', '.join(PARTS)}")
+    p.add_argument("--render-only", action="store_true", help="compute nothing; render the cache")
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="the Markdown file (PNGs go beside it)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the parts named")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def config_from_args(args) -> ReportConfig:
+    try:
+        lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
+    except ValueError:
+        raise ReportError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+    if min(args.n, args.length_n, args.mc_n, args.repeats) < 1 or not lengths or args.greedy_tokens < 0:
+        raise ReportError("--n, --length-n, --mc-n and --repeats must be >= 1, --lengths non-empty, "
+                          "--greedy-tokens >= 0")
+    return ReportConfig(n=args.n, retrieval_length=args.retrieval_length, lengths=lengths,
+                        length_n=args.length_n, mc_n=args.mc_n, greedy_tokens=args.greedy_tokens,
+                        repeats=args.repeats)
+
+
+def parts_from_args(args) -> tuple[str, ...]:
+    if args.render_only:
+        return ()
+    parts = tuple(p.strip() for p in args.parts.split(",") if p.strip())
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        raise ReportError(f"unknown report part(s) {bad}; choose from {', '.join(PARTS)}")
+    return parts
+
+
+def command_line(args, cfg: ReportConfig) -> str:
+    return (f"python -m pop_analysis report --model {args.model} --threads {args.threads or 'N'} "
+            f"--n {cfg.n} --length-n {cfg.length_n} --mc-n {cfg.mc_n}")
+
+
+def run(args) -> int:
+    quiet_hf()
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local task files only: nothing to fetch
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cfg, parts = config_from_args(args), parts_from_args(args)
+    out = Path(args.out).expanduser()
+    if out.suffix != ".md":
+        raise ReportError(f"--out must name a .md file, got {out}")
+    lm = load(args)
+    bar = None if args.quiet or args.json else terminal_bar
+    results = collect(lm, cfg, parts, not args.no_cache, bar)
+    for part, res in results.items():
+        for note in (res or {}).get("notes") or []:
+            print(f"note: {part}: {note}", file=sys.stderr)
+    path = write_report(results, cfg, lm.name, out, command_line(args, cfg))
+    summary = {p: None if r is None else round(r.get("seconds", 0.0), 1) for p, r in results.items()}
+    if args.json:
+        emit_json({"report": str(path), "seconds": summary})
+    else:
+        print(f"wrote {path}")
+        for p, s in summary.items():
+            print(f"  {p}: {'not computed yet' if s is None else f'{s:.0f} s'}")
+    return 0
