@@ -42,9 +42,26 @@ def by(rows, key: str = "variant") -> dict:
 
 
 def speed(row: dict | None) -> str:
+    """The timing protocol's median speedup, its spread over rounds and the FLOP ideal; a
+    flagged measurement says why (never shown plain)."""
     if not row or row.get("prefill_speedup") is None:
         return DASH
-    return f"{row['prefill_speedup']:.2f} (ideal {row['ideal_speedup']:.2f})"
+    lo, hi = row.get("speedup_range") or (None, None)
+    spread = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and row.get("timing_rounds") else ""
+    text = f"{row['prefill_speedup']:.2f}{spread} (ideal {row['ideal_speedup']:.2f})"
+    if row.get("timing_trustworthy") is False:
+        text += f" ⚠ {row.get('timing_note') or 'noisy'}"
+    return text
+
+
+def quality_cells(r: dict, rr: dict | None) -> str:
+    """NLL, its difference, KL, top-1 (GSM8K answers: r) and retrieval with its difference (rr)."""
+    return (f"| {num(r.get('continuation_nll'), r.get('continuation_nll_ci'))} "
+            f"| {delta(r, 'continuation_nll')} "
+            f"| {num(r.get('next_token_kl'), r.get('next_token_kl_ci'))} "
+            f"| {num(r.get('next_token_top1'), r.get('next_token_top1_ci'), pct=True)} "
+            f"| {num(rr and rr.get('retrieval_acc'), rr and rr.get('retrieval_acc_ci'), pct=True)} "
+            f"| {delta(rr, 'retrieval_acc', pct=True)}")
 
 
 def table3(res: dict, ret: dict | None, length: int) -> list[str]:
@@ -58,12 +75,7 @@ def table3(res: dict, ret: dict | None, length: int) -> list[str]:
         p = paper.get(v, [None, None])
         lines.append(
             f"| {NAMES.get(v, v)} | {describe(r['skip_layers'])} "
-            f"| {num(r.get('continuation_nll'), r.get('continuation_nll_ci'))} "
-            f"| {delta(r, 'continuation_nll')} "
-            f"| {num(r.get('next_token_kl'), r.get('next_token_kl_ci'))} "
-            f"| {num(r.get('next_token_top1'), r.get('next_token_top1_ci'), pct=True)} "
-            f"| {num(rr and rr.get('retrieval_acc'), rr and rr.get('retrieval_acc_ci'), pct=True)} "
-            f"| {delta(rr, 'retrieval_acc', pct=True)} | {speed(r)} "
+            f"{quality_cells(r, rr)} | {speed(r)} "
             f"| {p[0] if p[0] is not None else DASH} | {p[1] if p[1] is not None else DASH} |")
     return lines
 
@@ -80,12 +92,7 @@ def table4(res: dict, ret: dict | None, length: int) -> list[str]:
         p = [t4[k][i] if i is not None else DASH for k in ("prefill_speedup", "GSM8K", "HotpotQA")]
         lines.append(
             f"| {r['skip_ratio']:.2f} | {describe(r['skip_layers'])} "
-            f"| {num(r.get('continuation_nll'), r.get('continuation_nll_ci'))} "
-            f"| {delta(r, 'continuation_nll')} "
-            f"| {num(r.get('next_token_kl'), r.get('next_token_kl_ci'))} "
-            f"| {num(r.get('next_token_top1'), r.get('next_token_top1_ci'), pct=True)} "
-            f"| {num(rr and rr.get('retrieval_acc'), rr and rr.get('retrieval_acc_ci'), pct=True)} "
-            f"| {delta(rr, 'retrieval_acc', pct=True)} | {speed(r)} | {p[0]} | {p[1]} | {p[2]} |")
+            f"{quality_cells(r, rr)} | {speed(r)} | {p[0]} | {p[1]} | {p[2]} |")
     return lines
 
 
@@ -104,11 +111,8 @@ def length_table(res: dict) -> list[str]:
 def mc_table(res: dict) -> list[str]:
     lines = ["| task | variant | n | accuracy (acc_norm) | Δ vs full |", "|---|---|---|---|---|"]
     for r in res["rows"]:
-        d = DASH if r.get("acc_delta") is None else delta(
-            {"acc_delta": r["acc_delta"], "acc_delta_ci": r["acc_delta_ci"],
-             "acc_delta_p": r["acc_delta_p"]}, "acc", pct=True)
         lines.append(f"| {r['task']} | {r['variant']} | {r['n']} "
-                     f"| {num(r['acc'], r['acc_ci'], pct=True)} | {d} |")
+                     f"| {num(r['acc'], r['acc_ci'], pct=True)} | {delta(r, 'acc', pct=True)} |")
     return lines
 
 
@@ -144,7 +148,9 @@ def write_report(results: dict, cfg: ReportConfig, model: str, out: Path, comman
           "teacher-forced; KL and top-1 compare the variant's next-token distribution with the "
           "full model's on every answer token. Retrieval: the synthetic pass-code task "
           f"(one distractor, ~{L} tokens), greedy exact match. Speedups are prefill (TTFT) "
-          "ratios measured on this machine's CPU.", "", "## Conditions", "",
+          "ratios from the timing protocol (full and variant alternated, order swapped every "
+          "round, median with the interquartile range of the rounds in brackets) on this "
+          "machine's CPU.", "", "## Conditions", "",
           *conditions(results), ""]
     md += ["## What matches the paper and what does not", ""]
     md += [f"- {line}" for line in findings(results)] + [""]
