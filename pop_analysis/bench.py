@@ -139,6 +139,8 @@ def bench_length(lm: LoadedModel, length: int, skip, repeats: int = 3, budget_s:
 
 def bench(lm: LoadedModel, lengths, skip, repeats: int = 3, budget_s: float = 10.0,
           with_hf: bool = False, on_row=None) -> list[BenchRow]:
+    for n in lengths:  # every length is checked before the first one is timed
+        check_prompt(lm.adapter, n)
     rows = []
     for n in lengths:
         rows.append(bench_length(lm, n, skip, repeats, budget_s, with_hf=with_hf))

@@ -37,6 +37,7 @@ def test_huge_ranges_fail_before_any_list_is_built(text):
 
 def test_cli_huge_skip_range_is_one_short_line(capsys, tmp_path):
     tiny_model("llama").model.save_pretrained(tmp_path)
+    capsys.readouterr()  # the save's progress bar is not the command's output
     assert main(["generate", "--model", str(tmp_path), "--prompt-ids", "1,2",
                  "--skip", "0-20000000"]) == 1
     line = one_error_line(capsys)
@@ -98,6 +99,7 @@ def test_context_check_runs_before_any_forward_pass(capsys, monkeypatch, tmp_pat
     import pop_analysis.pop as pop
 
     tiny_model("llama").model.save_pretrained(tmp_path)  # context 256
+    capsys.readouterr()  # the save's progress bar is not the command's output
     calls = []
     monkeypatch.setattr(pop, "run_prompt", lambda *a, **k: calls.append(1))
     monkeypatch.setattr(pop.DecoderAdapter, "embed", lambda *a, **k: calls.append(1), raising=False)
@@ -105,6 +107,16 @@ def test_context_check_runs_before_any_forward_pass(capsys, monkeypatch, tmp_pat
     assert main(["generate", "--model", str(tmp_path), "--prompt-ids", ids, "--skip", "4-5"]) == 1
     assert "exceeds the model's context of 256 tokens" in one_error_line(capsys)
     assert calls == [], "model work ran before the context check"
+
+
+def test_bench_checks_every_length_before_the_first_is_timed(capsys, monkeypatch, tmp_path):
+    import pop_analysis.bench as bench
+
+    tiny_model("llama").model.save_pretrained(tmp_path)  # context 256
+    capsys.readouterr()  # the save's progress bar is not the command's output
+    monkeypatch.setattr(bench, "bench_length", lambda *a, **k: pytest.fail("timed a length"))
+    assert main(["bench", "--model", str(tmp_path), "--lengths", "16,9000", "--skip", "4-5"]) == 1
+    assert "exceeds the model's context of 256 tokens" in one_error_line(capsys)
 
 
 def test_drift_checks_every_length_before_the_first_runs(embedded, capsys, monkeypatch):
