@@ -40,7 +40,7 @@ def measure(lm, spec_key: tuple, prompt_ids: list[int], variant: str, skip,
 
 def headline(p: PrefillSpeed) -> str:
     """The speedup as shown: a flagged one never reads as a plain number."""
-    return f"{p.speedup:.2f}×" if p.timing.trustworthy else f"⚠ {p.speedup:.2f}× (flagged)"
+    return f"{p.speedup:.2f}×" if p.timing.trustworthy else f"⚠ {p.speedup:.2f}×"
 
 
 def show(p: PrefillSpeed, where=None) -> None:
@@ -50,33 +50,46 @@ def show(p: PrefillSpeed, where=None) -> None:
     m = where.columns(4)
     m[0].metric("TTFT full (median)", f"{t.full_median_ms:.0f} ms")
     m[1].metric("TTFT variant (median)", f"{t.variant_median_ms:.0f} ms")
-    m[2].metric("Prefill speedup", headline(p),
-                f"range {t.low:.2f}–{t.high:.2f}× · {t.rounds} rounds", delta_color="off")
+    m[2].metric("Prefill speedup" if t.trustworthy else "Prefill speedup (flagged)", headline(p),
+                f"IQR {t.low:.2f}–{t.high:.2f}× · {t.rounds} rounds", delta_color="off",
+                delta_arrow="off", help="Median of the per-round ratios full / variant; the "
+                "delta line gives their interquartile range and the number of rounds.")
     m[3].metric("Ideal: FLOPs / roofline", f"{p.ideal_speedup:.2f}× / {p.roofline_speedup:.2f}×",
                 f"measured = {p.speedup / p.ideal_speedup:.0%} / "
-                f"{p.speedup / p.roofline_speedup:.0%} of them", delta_color="off")
+                f"{p.speedup / p.roofline_speedup:.0%} of them", delta_color="off",
+                delta_arrow="off")
     if not t.trustworthy:
         where.warning(f"Speed not trustworthy: {t.note}. Re-measure when the machine is quieter.")
     where.caption(
         f"TTFT (prompt in → first token, boundary step included) from the timing protocol on this "
         f"prompt ({p.tokens} tokens): {t.rounds} rounds of full and variant, order swapped every "
-        "round; the speedup is the median of the per-round ratios, the range their lowest and "
-        "highest. The FLOP ideal counts matmul work; the roofline ideal also counts bytes moved "
+        "round; the speedup is the median of the per-round ratios, the IQR the middle half of "
+        "them. The FLOP ideal counts matmul work; the roofline ideal also counts bytes moved "
         "(weights, activations, K/V) at this machine's measured matmul rate and memory bandwidth."
         + (f" Waited {t.lock_wait_s:.1f} s for another session (not counted)." if t.lock_wait_s
            > 0.05 else ""))
 
 
 def speed_text(row: dict) -> str:
-    """A sweep row's speedup as the table shows it: flagged ones are marked with the reason."""
+    """A sweep row's speedup as the table shows it: a flagged one is marked."""
     v = row.get("prefill_speedup")
     if v is None or v != v:
         return "–"
-    if row.get("timing_rounds", 0) == 0 and row.get("timing_trustworthy"):
+    if _rounds(row) == 0 and row.get("timing_trustworthy") is True:
         return f"{v:.2f}× (reference)"
-    lo, hi = row.get("speedup_range") or (v, v)
-    text = f"{v:.2f}× (IQR {lo:.2f}–{hi:.2f}, {row.get('timing_rounds', 0)} rounds)"
-    return text if row.get("timing_trustworthy") else f"⚠ {text} flagged: {row.get('timing_note')}"
+    return f"{v:.2f}×" if row.get("timing_trustworthy") is True else f"⚠ {v:.2f}×"
+
+
+def _iqr_text(row: dict) -> str:
+    rng = row.get("speedup_range")
+    if not isinstance(rng, (list, tuple)) or len(rng) != 2 or not _rounds(row):
+        return "–"  # the reference row, or a row stored before the protocol
+    return f"{rng[0]:.2f}–{rng[1]:.2f}"
+
+
+def _rounds(row: dict) -> int:
+    n = row.get("timing_rounds")
+    return int(n) if isinstance(n, (int, float)) and n == n else 0  # NaN: not in that row
 
 
 SPEED_COLUMNS = ["prefill_speedup", "speedup_range", "timing_rounds", "timing_trustworthy",
@@ -84,13 +97,19 @@ SPEED_COLUMNS = ["prefill_speedup", "speedup_range", "timing_rounds", "timing_tr
 
 
 def sweep_table(frame, kind: str):
-    """The rows for display: the speedup as text with its flag, both ideals beside it, the
-    prompt length first in a length sweep."""
+    """The rows for display: the speedup (flagged ones marked), its IQR, rounds and the reason
+    of a flag, both ideals beside it; the prompt length first in a length sweep."""
     rows = frame.to_dict("records")
     out = frame.drop(columns=[c for c in SPEED_COLUMNS if c in frame.columns])
-    out.insert(0, "prefill speedup", [speed_text(r) for r in rows])
-    for i, col in enumerate(c for c in ("ideal_speedup", "roofline_speedup") if c in out.columns):
-        out.insert(1 + i, col, out.pop(col))
+    speed = {"prefill speedup": [speed_text(r) for r in rows],
+             "IQR": [_iqr_text(r) for r in rows],
+             "rounds": [_rounds(r) for r in rows]}
+    ideals = [c for c in ("ideal_speedup", "roofline_speedup") if c in out.columns]
+    speed.update({c: out.pop(c) for c in ideals})
+    speed["timing note"] = [r.get("timing_note") if isinstance(r.get("timing_note"), str) else ""
+                            for r in rows]  # NaN where pandas filled a None
+    for i, (name, values) in enumerate(speed.items()):
+        out.insert(i, name, list(values))
     lead = ["length"] if kind == "length" and "length" in out.columns else []
     lead += [c for c in ("variant", "skip_ratio") if c in out.columns]
     return out[lead + [c for c in out.columns if c not in lead]]

@@ -91,9 +91,15 @@ def test_speed_charts_have_iqr_error_bars_and_ring_flagged_points():
 
 
 def test_rows_from_before_the_protocol_count_as_flagged():
+    import pandas as pd
+
+    from dashboard.speed import sweep_table
+
     old = [{"length": 32, "prefill_speedup": 1.2, "ideal_speedup": 1.4}]
     fig = charts.length_chart(old)
     assert fig.data[1].name.startswith("flagged") and list(fig.data[0].error_y.array) == [0]
+    table = sweep_table(pd.DataFrame(old + [{**SPEED_ROWS[0], "length": 64}]), "length")
+    assert list(table["prefill speedup"]) == ["⚠ 1.20×", "1.30×"] and table["IQR"][0] == "–"
 
 
 def test_sweep_table_leads_with_length_and_marks_flagged_speed():
@@ -102,7 +108,8 @@ def test_sweep_table_leads_with_length_and_marks_flagged_speed():
     from dashboard.speed import sweep_table
 
     table = sweep_table(pd.DataFrame(SPEED_ROWS), "length")
-    assert list(table.columns[:5]) == ["length", "variant", "skip_ratio", "prefill speedup",
-                                       "ideal_speedup"]
-    assert table["prefill speedup"][0] == "1.30× (IQR 1.25–1.35, 5 rounds)"
-    assert table["prefill speedup"][1].startswith("⚠ 8.08×") and "flagged" in table["prefill speedup"][1]
+    assert list(table.columns[:9]) == ["length", "variant", "skip_ratio", "prefill speedup", "IQR",
+                                       "rounds", "ideal_speedup", "roofline_speedup", "timing note"]
+    assert list(table["prefill speedup"]) == ["1.30×", "⚠ 8.08×"]
+    assert list(table["IQR"]) == ["1.25–1.35", "1.10–9.00"] and list(table["rounds"]) == [5, 3]
+    assert list(table["timing note"]) == ["", "8.08x is more than 10% above the ideal 1.43x"]
