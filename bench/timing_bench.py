@@ -36,9 +36,10 @@ from pop_analysis.bench import bench_length, first_token, random_prompt, time_pr
 from pop_analysis.machine import machine_rates  # noqa: E402
 from pop_analysis.models import load_model  # noqa: E402
 from pop_analysis.sweep import measure_speedup  # noqa: E402
-from pop_analysis.timing import TimingConfig  # noqa: E402
+from pop_analysis.timing import TimingConfig, other_cpu_seconds  # noqa: E402
 
 PAPER_SKIP = tuple(range(20, 30))
+QUIET_WAIT = 120.0  # seconds a quiet part waits for other processes to calm down (set by --quiet-wait)
 SWEEP_TIMING = TimingConfig()  # a sweep row's defaults: >= 3 rounds, 2 s budget, 1 warm-up
 RAW = TimingConfig(spread_limit=1e9, busy_cores=1e9)  # flags off: the raw spread and load
 
@@ -78,6 +79,8 @@ def part_noise(lm, reps: int) -> dict:
     cases = [(32, PAPER_SKIP), (128, PAPER_SKIP), (512, PAPER_SKIP), (128, ())]
     for cond in ("quiet", "hog"):
         runs = []
+        if cond == "quiet":
+            out["other_cores_before_quiet"] = wait_quiet(QUIET_WAIT)
         ctx = hog() if cond == "hog" else _nothing()
         with ctx:
             for _ in range(reps):
@@ -93,15 +96,32 @@ def _nothing():
     yield None
 
 
+def wait_quiet(max_s: float, window: float = 2.0, limit: float = 0.1) -> float | None:
+    """Wait (up to max_s) for a window in which other processes use under `limit` cores;
+    returns the last window's use (None off Linux). Quiet parts record it."""
+    end = time.time() + max_s
+    while True:
+        a, t = other_cpu_seconds(), time.perf_counter()
+        time.sleep(window)
+        b = other_cpu_seconds()
+        if a is None or b is None:
+            return None
+        used = (b - a) / (time.perf_counter() - t)
+        if used < limit or time.time() > end:
+            return round(used, 3)
+
+
 def part_empty(lm, reps: int) -> dict:
     out = {}
     for cond in ("quiet", "hog"):
+        before = wait_quiet(QUIET_WAIT) if cond == "quiet" else None
         with (hog() if cond == "hog" else _nothing()):
             runs = [one(lm, n, (), SWEEP_TIMING) for _ in range(reps) for n in (32, 128, 512)]
         ok = [(0.95 if cond == "quiet" else 0.90) <= r["speedup"] <= (1.05 if cond == "quiet"
                                                                         else 1.10)
               or (cond == "hog" and not r["trustworthy"]) for r in runs]
         out[cond] = {"runs": runs, "medians": summary(r["speedup"] for r in runs),
+                     "other_cores_before": before,
                      "flagged": sum(not r["trustworthy"] for r in runs), "meets_target": all(ok)}
     return out
 
@@ -132,6 +152,7 @@ def part_hog(lm, reps: int) -> dict:
 def _flat(p) -> dict:
     t = p.timing
     return {"length": p.tokens, "speedup": round(t.speedup, 4),
+            "full_ms": round(t.full_median_ms, 1), "pop_ms": round(t.variant_median_ms, 1),
             "range": [round(t.low, 4), round(t.high, 4)], "rounds": t.rounds,
             "ideal": round(p.ideal_speedup, 4), "roofline": round(p.roofline_speedup, 4),
             "other_cores": round(t.other_cores or 0, 3), "trustworthy": t.trustworthy,
@@ -143,25 +164,23 @@ def part_page(lm, reps: int) -> dict:
     from dashboard.speed import PAGE_TIMING
 
     lock, out = RunLock(), []
+    quiet = wait_quiet(QUIET_WAIT)
     ids = random_prompt(lm, 512)  # (1, 512)
     for _ in range(reps):
         first_token(lm, ids, "full", ()), first_token(lm, ids, "pop", PAPER_SKIP)  # the stream
         t0 = time.perf_counter()
         p = time_prefill(lm, ids, "pop", PAPER_SKIP, PAGE_TIMING, lock=lock.hold)
         out.append({"seconds": round(time.perf_counter() - t0, 3), **_flat(p)})
-    return {"runs": out, "seconds": summary(r["seconds"] for r in out),
-            "round_s": round(statistics.median(
-                (statistics.median(r_["full_ms"]) + statistics.median(r_["pop_ms"])) / 1e3
-                for r_ in [_times(lm, ids)]), 3)}
-
-
-def _times(lm, ids) -> dict:
-    p = time_prefill(lm, ids, "pop", PAPER_SKIP, TimingConfig(warmup=0, budget_s=1e-3))
-    return {"full_ms": p.timing.full_ms, "pop_ms": p.timing.variant_ms}
+    return {"runs": out, "seconds": summary(r["seconds"] for r in out), "other_cores_before": quiet,
+            "round_s": round(statistics.median((r["full_ms"] + r["pop_ms"]) / 1e3 for r in out), 3)}
 
 
 def part_shares(lm, budget: float) -> dict:
-    rows = [bench_length(lm, n, PAPER_SKIP, 3, budget).as_dict() for n in (32, 128, 512, 2048)]
+    rows = []
+    for n in (32, 128, 512, 2048):
+        quiet = wait_quiet(QUIET_WAIT)
+        rows.append({**bench_length(lm, n, PAPER_SKIP, 3, budget).as_dict(),
+                     "other_cores_before": quiet})
     return {"rows": rows}
 
 
@@ -174,8 +193,12 @@ def main() -> int:
     ap.add_argument("--parts", default="noise,empty,hog,page,shares")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per case")
     ap.add_argument("--budget", type=float, default=10.0, help="timing budget per length (shares)")
+    ap.add_argument("--quiet-wait", type=float, default=120.0,
+                    help="seconds a quiet part may wait for other processes to go idle")
     ap.add_argument("--out", default=str(ROOT / "cache" / "bench" / "timing_bench.json"))
     args = ap.parse_args()
+    global QUIET_WAIT
+    QUIET_WAIT = args.quiet_wait
     torch.set_num_threads(args.threads)
     lm = load_model("smollm2-135m", device="cpu")
     s = lm.adapter.shape
