@@ -162,6 +162,23 @@ def test_counters_match_pop():
     assert counts["pop"]["prefill"]["k_proj"][5] == 1 and counts["pop"]["prefill"]["ffn"][5] == 0
 
 
+def test_fitted_maps_run_in_the_pruned_prefill_only():
+    """x_N (boundary) and decode use the layers' own projections, never the fitted ones."""
+    lm = tiny_model("llama")
+    attach(lm, random_repair(lm), SKIP)
+    with count_calls(lm.adapter) as c:
+        seen = []
+        hooks = [m.register_forward_hook(lambda *_: seen.append(c.stage))
+                 for i in SKIP for m in lm.adapter.kv_maps[SKIP].maps[i]]
+        try:
+            run(lm, tiny_prompt(12), "pop_repair", SKIP, GREEDY, counts=c)
+        finally:
+            for h in hooks:
+                h.remove()
+    assert seen == ["prefill"] * 4  # k and v of layers 4 and 5, once each
+    assert c.as_dict()["decode"]["k_proj"][5] == GREEDY.max_new_tokens - 1
+
+
 def test_shared_prefixes_are_counted_once_with_their_multiplicity():
     starts, weights = distinct_positions([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6], [7]])
     assert starts == [0, 2, 3, 0]
