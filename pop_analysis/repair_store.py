@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from . import store
+from .errors import first_line
 from .pop import RepairError
 from .repair import RepairConfig, calibration, check_block, fit_repair
 from .skipset import describe
@@ -73,8 +74,10 @@ def params_of(rep: Repair) -> dict:
     return _params(rep.model, rep.skip, rep.info["data"]["fingerprint"], rep.config)
 
 
-def _path(key: str) -> Path:
-    return store.results_dir(KIND) / f"{key}.safetensors"
+def _path(key: str) -> Path | None:
+    """The maps' file of a store key; None for anything else (no paths from input)."""
+    entry = store.entry_path(KIND, key)
+    return None if entry is None else entry.with_suffix(".safetensors")
 
 
 def save(rep: Repair) -> Repair:
@@ -105,17 +108,31 @@ def load(key: str) -> Repair:
     """A stored repair by key; a one-line RepairError when missing or unreadable."""
     from safetensors.torch import load_file
 
-    payload = store.load(KIND, key)
-    if payload is None or not _path(key).is_file():
-        raise RepairError(f"no stored repair {key!r} (python -m pop_analysis repair list)")
+    path = _path(key)
+    payload = store.load(KIND, key) if path is not None else None
+    if payload is None or not path.is_file():
+        raise RepairError(f"no stored repair {key!r:.40} (python -m pop_analysis repair list)")
     try:
-        tensors = load_file(str(_path(key)))
+        tensors = load_file(str(path))
         cfg = dict(payload["config"], alphas=tuple(payload["config"]["alphas"]))
-        return Repair(key, tuple(payload["skip"]), payload["model"], RepairConfig(**cfg), tensors,
-                      payload["info"])
+        rep = Repair(key, tuple(int(i) for i in payload["skip"]), dict(payload["model"]),
+                     RepairConfig(**cfg), tensors, dict(payload["info"]))
+        _check_tensors(rep)
+        return rep
     except Exception as e:  # noqa: BLE001 - a damaged file or sidecar: one line
-        raise RepairError(f"stored repair {key!r} is unreadable ({type(e).__name__}); "
-                          "delete it and fit again") from None
+        raise RepairError(f"stored repair {key} is unreadable ({first_line(e)}); delete it "
+                          "and fit again") from None
+
+
+def _check_tensors(rep: Repair) -> None:
+    """The maps a stored repair must hold: per skipped layer a (out, D) weight and (out,) bias
+    for K and for V, finite."""
+    want = {f"{i}.{n}.{p}" for i in rep.skip for n in "kv" for p in ("weight", "bias")}
+    if set(rep.tensors) != want:
+        raise ValueError(f"its maps do not cover skip set {describe(rep.skip)}")
+    for name, t in rep.tensors.items():
+        if t.dim() != (2 if name.endswith("weight") else 1) or not torch.isfinite(t).all():
+            raise ValueError(f"map {name} is malformed")
 
 
 def entries(lm=None, skip=None) -> list[dict]:
@@ -156,7 +173,7 @@ def fit_and_store(lm, skip, cfg: RepairConfig = RepairConfig(), progress=None,
     skip = check_block(skip, lm.adapter.n_layers)
     data = calibration(lm, cfg)
     key = store.make_key(_params(model_identity(lm), skip, data.fingerprint, cfg))
-    if use_cache and store.load(KIND, key) is not None and _path(key).is_file():
+    if use_cache and store.load(KIND, key) is not None and _path(key).is_file():  # a full entry
         return load(key), True
     return save(fit_repair(lm, skip, cfg, progress, data)), False
 

@@ -104,6 +104,24 @@ def test_store_round_trip_and_listing(tmp_store):
     assert mem["repair_bytes"] == 2 * 2 * (32 * 64 + 32) * 4 and mem["model_bytes"] > 0
 
 
+def test_missing_or_damaged_repairs_are_one_line(tmp_store):
+    from safetensors.torch import save_file
+
+    lm = tiny_model("llama")
+    rep = save(random_repair(lm))
+    for key in ("../../etc/passwd", "0123456789abcdef0000"):
+        with pytest.raises(RepairError, match="no stored repair"):
+            load(key)
+    path = tmp_store / "results" / "repair" / f"{rep.key}.safetensors"
+    save_file({k: v for k, v in rep.tensors.items() if not k.startswith("5.")}, str(path))
+    with pytest.raises(RepairError, match="unreadable .*do not cover skip set 4-5") as e:
+        load(rep.key)
+    assert "\n" not in str(e.value)
+    path.write_bytes(b"not a safetensors file")
+    with pytest.raises(RepairError, match="unreadable"):
+        load(rep.key)
+
+
 def test_ensure_auto_reuses_the_stored_repair(tmp_store, monkeypatch):
     lm = tiny_model("llama")
     rep = save(random_repair(lm))
