@@ -14,11 +14,13 @@ Layers may sit on different devices (accelerate's device_map): inputs move to ea
 """
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 # Keyword names of the pinned transformers range (see requirements.txt).
 CACHE_KWARG = "past_key_values"
@@ -184,6 +186,27 @@ class DecoderAdapter:
     # --- the forward pieces ---
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.config)
+
+    def fork_cache(self, cache: DynamicCache, capacity: int) -> DynamicCache:
+        """A detached copy of `cache` for decode steps without autograd; the original is untouched.
+
+        Full-attention layers write into a buffer of `capacity` positions instead of concatenating
+        (a batched decode step would otherwise copy every layer's whole cache every step); sliding
+        layers keep HF's own window logic (and their count of positions seen).
+        """
+        out = self.new_cache()
+        for i, src in enumerate(cache.layers):
+            if self.cached_kv(cache, i) is None:
+                continue
+            keys, values = src.keys.detach(), src.values.detach()
+            if type(src) is DynamicLayer:
+                dst = _PreallocatedLayer(capacity)
+                dst.update(keys, values)
+            else:
+                dst = copy.copy(src)  # update() rebinds keys/values, so the copy is independent
+                dst.keys, dst.values = keys, values
+            out.layers[i] = dst
+        return out
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids -> input of layer 0 (Gemma's sqrt(D) scale is inside its embedding)."""
@@ -352,6 +375,19 @@ class DecoderAdapter:
             out = torch.tanh(out / self.logit_softcap) * self.logit_softcap
         return out
 
+    def logit_grad(self, logits: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """dL/d(lm_head output) from dL/dlogits, for logits = head(h): through Gemma-2's soft-cap
+        (c * tanh(z / c) has slope 1 - (logits / c)^2); unchanged elsewhere. (.., V)."""
+        if self.logit_softcap:
+            return grad * (1.0 - (logits.to(grad.dtype) / self.logit_softcap) ** 2)
+        return grad
+
+    def head_vjp(self, grad: torch.Tensor) -> torch.Tensor:
+        """dL/dh from dL/d(lm_head output): (M, V) -> (M, D), as autograd would give it, without
+        running lm_head forward again."""
+        w = self.model.lm_head.weight  # (V, D)
+        return grad.to(w.device, w.dtype) @ w  # (M, D)
+
     @staticmethod
     def layer_io(args, kwargs, out) -> tuple[torch.Tensor, torch.Tensor]:
         """(input, output) hidden states of a decoder layer, from a forward hook with kwargs."""
@@ -368,3 +404,39 @@ class DecoderAdapter:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _PreallocatedLayer(DynamicLayer):
+    """A full-attention cache layer that writes new positions into a preallocated buffer.
+
+    keys/values are views of the first positions of the buffer, as DynamicLayer's would be; a
+    buffer that fills up is reallocated twice as large. For steps without autograd only.
+    """
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = max(1, capacity)
+        self.length = 0
+        self._kbuf = self._vbuf = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if torch.is_grad_enabled() and (key_states.requires_grad or value_states.requires_grad):
+            raise ValueError("a preallocated cache layer is for steps without autograd")
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, t = self.length, key_states.shape[-2]
+        if self._kbuf is None or n + t > self._kbuf.shape[-2]:
+            self._grow(key_states, value_states, max(self.capacity, 2 * (n + t)))
+        self._kbuf[:, :, n:n + t] = key_states  # (B, Hkv, t, Dh)
+        self._vbuf[:, :, n:n + t] = value_states
+        self.length = n + t
+        self.keys, self.values = self._kbuf[:, :, :n + t], self._vbuf[:, :, :n + t]
+        return self.keys, self.values
+
+    def _grow(self, k, v, size: int) -> None:
+        kbuf = k.new_empty(*k.shape[:2], size, k.shape[-1])  # (B, Hkv, size, Dh)
+        vbuf = v.new_empty(*v.shape[:2], size, v.shape[-1])
+        if self.length:
+            kbuf[:, :, :self.length] = self.keys
+            vbuf[:, :, :self.length] = self.values
+        self._kbuf, self._vbuf = kbuf, vbuf

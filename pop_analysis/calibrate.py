@@ -1,27 +1,29 @@
 """Stage-aware layer importance from virtual gates (POP §2), with baselines and skip suggestions.
 
 For each prompt a response is sampled from the model itself (the Fisher trick needs y ~ P(.|x)),
-[prompt ; response] is teacher-forced once with a gate per sample, layer and stage, loss = SUM of
-cross-entropy over the response tokens, and one backward gives dL/dg for every sample of the batch
-at once (sample b's loss depends on sample b's gates only). Importance = mean over samples of
-(dL/dg)^2. The same forward records ShortGPT's block influence; optionally an exact
-leave-one-layer-out pass on a few samples measures how well the Taylor estimate ranks layers.
+with a gate per sample, layer and stage, loss = SUM of cross-entropy over the response tokens, and
+one backward gives dL/dg for every sample of the batch at once (sample b's loss depends on sample
+b's gates only). Importance = mean over samples of (dL/dg)^2. fisher.py samples and takes the
+gradients in one pass per batch; gate_gradients here is the plain teacher-forced pass over
+[prompt ; response] that it must equal (tests compare them). The gated forwards record ShortGPT's
+block influence; optionally an exact leave-one-layer-out pass on a few samples measures how well
+the Taylor estimate ranks layers.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
 from . import store
 from .data import PromptSet, fingerprint
-from .gates import (DECODE, StageGates, block_influence, gated, layer_ticks, stage_map,
-                    stage_means)
-from .generate import SamplingConfig, check_sampling, eos_ids, encode, pick
+from .fisher import sample_and_gradients
+from .gates import (DECODE, StageGates, frozen_weights, gated, layer_ticks, maybe_block_influence,
+                    stage_map, stage_means)
+from .generate import check_sampling, encode
 from .pop import check_prompt
 from .progress import Tracker
 from .suggest import Suggestion, suggest_skip  # noqa: F401 - part of this module's API
@@ -103,19 +105,6 @@ def pack(prompts: list[list[int]], responses: list[list[int]], device=None) -> B
     return Batch(ids.to(device), mask.to(device), stage_map(plens, lens, width), plens, lens)
 
 
-@contextmanager
-def frozen_weights(model):
-    """No weight gradients while calibrating: backward flows to gates only (about half the cost)."""
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
-
-
 def response_losses(lm, batch: Batch) -> torch.Tensor:
     """Summed cross-entropy of each sample's response tokens under the current hooks: (B,)."""
     adapter = lm.adapter
@@ -142,7 +131,7 @@ def gate_gradients(lm, batch: Batch, influence: bool = True, tick=None) -> dict:
     dtype = torch.promote_types(lm.dtype, torch.float32)  # float32 gates; float64 model: float64
     gates = StageGates.ones(n, L, device=adapter.device, dtype=dtype)
     with frozen_weights(lm.model), torch.enable_grad():
-        with gated(adapter, gates, batch.stages), _maybe_influence(adapter, influence) as bi, \
+        with gated(adapter, gates, batch.stages), maybe_block_influence(adapter, influence) as bi, \
                 layer_ticks(adapter, tick or _silent):
             loss = response_losses(lm, batch)  # (B,)
             loss.sum().backward()  # per-sample gates only see their own sample's loss
@@ -169,15 +158,6 @@ def _throttled(tracker: Tracker, every_s: float = 0.5):
             last[0] = now
             tracker.step(0, message)
     return tick
-
-
-@contextmanager
-def _maybe_influence(adapter, on: bool):
-    if not on:
-        yield None
-        return
-    with block_influence(adapter) as record:
-        yield record
 
 
 @torch.no_grad()
@@ -212,7 +192,6 @@ def sample_seed(seed: int, index: int) -> int:
     return (seed * 1_000_003 + index) % (2 ** 63)
 
 
-@torch.inference_mode()
 def sample_responses(lm, prompts: list[list[int]], seeds: list[int], cfg: CalibrationConfig,
                      on_step=None) -> list[list[int]]:
     """Sample one response per prompt from the full model, as a left-padded batch with a cache.
@@ -221,38 +200,7 @@ def sample_responses(lm, prompts: list[list[int]], seeds: list[int], cfg: Calibr
     batch-1 sampling with that seed gives (up to float rounding of the padded batch).
     A response ends after an EOS token (kept) or max_new_tokens.
     """
-    adapter = lm.adapter
-    dev = adapter.device
-    scfg = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                          top_p=cfg.top_p)
-    gens = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], device=dev)  # (B, N)
-    real = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
-    mask = torch.tensor(real, device=dev)  # (B, N)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, N)
-    cache = adapter.new_cache()
-    h = adapter.forward_padded(ids, mask, pos, cache)  # (B, N, D)
-    stop = eos_ids(lm)
-    out: list[list[int]] = [[] for _ in prompts]
-    done = [False] * len(prompts)
-    last = pos[:, -1:]  # (B, 1)
-    for step in range(cfg.max_new_tokens):
-        logits = adapter.head(h[:, -1, :]).float().cpu()  # (B, V)
-        nxt = torch.zeros(len(prompts), 1, dtype=torch.long)  # (B, 1)
-        for b in range(len(prompts)):
-            if not done[b]:
-                nxt[b, 0] = pick(logits[b:b + 1], scfg, gens[b])[0, 0]
-                out[b].append(int(nxt[b, 0]))
-                done[b] = int(nxt[b, 0]) in stop
-        if on_step is not None:
-            on_step(step)
-        if all(done) or step + 1 == cfg.max_new_tokens:
-            break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, S+1)
-        last = last + 1  # (B, 1)
-        h = adapter.forward_padded(nxt.to(dev), mask, last, cache)  # (B, 1, D)
-    return out
+    return sample_and_gradients(lm, prompts, seeds, cfg, on_step=on_step)[0]
 
 
 def encode_prompts(lm, prompts: PromptSet, cfg: CalibrationConfig) -> list[list[int]]:
@@ -298,7 +246,7 @@ def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = Cali
 
 
 def _taylor_pass(lm, prompt_ids, cfg: CalibrationConfig, tracker: Tracker):
-    """Batches of similar prompt length: sample, then one forward + backward each."""
+    """Batches of similar prompt length: sampling and gradients in one pass each (fisher.py)."""
     n, L = len(prompt_ids), lm.adapter.n_layers
     order = sorted(range(n), key=lambda i: len(prompt_ids[i]))  # less padding per batch
     batches = [order[i:i + cfg.batch_size] for i in range(0, n, cfg.batch_size)]
@@ -308,15 +256,17 @@ def _taylor_pass(lm, prompt_ids, cfg: CalibrationConfig, tracker: Tracker):
     for j, idx in enumerate(batches):
         head = f"batch {j + 1}/{len(batches)}"
         tick = _throttled(tracker)
-        tracker.step(0, f"{head}: sampling")
-        part = sample_responses(lm, [prompt_ids[i] for i in idx],
-                                [sample_seed(cfg.seed, i) for i in idx], cfg,
-                                lambda step: tick(f"{head}: sampling token {step + 1}"))
-        tracker.step(0, f"{head}: gradients")
-        batch = pack([prompt_ids[i] for i in idx], part, lm.adapter.device)
-        g = gate_gradients(lm, batch, tick=lambda m: tick(f"{head}: {m}"))
+        tracker.step(0, f"{head}: prefill")
+        gates = StageGates.ones(len(idx), L, device=lm.adapter.device,
+                                dtype=torch.promote_types(lm.dtype, torch.float32))
+        part, extra = sample_and_gradients(
+            lm, [prompt_ids[i] for i in idx], [sample_seed(cfg.seed, i) for i in idx], cfg, gates,
+            influence=True, tick=lambda m: tick(f"{head}: {m}"),
+            on_step=lambda step: tick(f"{head}: sampling token {step + 1}"))
+        g = {"prefill": gates.prefill.grad.detach().cpu(), "decode": gates.decode.grad.detach().cpu(),
+             **extra}
         for k in keys:
-            grads[k][idx] = g[k]
+            grads[k][idx] = g[k].to(grads[k].dtype)
         for i, r in zip(idx, part):
             responses[i] = r
         tracker.step(len(idx), f"batch {j + 1}/{len(batches)} done")

@@ -119,6 +119,29 @@ def block_influence(adapter: DecoderAdapter):
 
 
 @contextmanager
+def maybe_block_influence(adapter: DecoderAdapter, on: bool):
+    """block_influence(adapter) when on, else yields None."""
+    if not on:
+        yield None
+        return
+    with block_influence(adapter) as record:
+        yield record
+
+
+@contextmanager
+def frozen_weights(model):
+    """No weight gradients while calibrating: backward flows to gates only (about half the cost)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+@contextmanager
 def layer_ticks(adapter: DecoderAdapter, tick):
     """Call tick(message) as each layer runs forward, and again as backward passes through it."""
     L = adapter.n_layers

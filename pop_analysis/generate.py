@@ -87,7 +87,8 @@ def synchronize(device) -> None:
 
 def eos_ids(lm: LoadedModel) -> set[int]:
     ids: set[int] = set()
-    for src in (getattr(lm.tokenizer, "eos_token_id", None), lm.model.config.eos_token_id,
+    config = lm.model.config  # an image-text config (Gemma-3) may have no eos_token_id at all
+    for src in (getattr(lm.tokenizer, "eos_token_id", None), getattr(config, "eos_token_id", None),
                 getattr(getattr(lm.model, "generation_config", None), "eos_token_id", None)):
         if isinstance(src, int):
             ids.add(src)
