@@ -1,13 +1,17 @@
-"""Calibration speed: the batched path against a naive one-prompt-at-a-time loop, in one process.
+"""Calibration speed: the current one-pass path (fisher.py) against the previous algorithm
+(bench/calibrate_previous.py), side by side in one process, through the shared timing protocol.
 
-    python bench/calibrate_bench.py --prompts 200 --max-new-tokens 64 --threads 2 --naive 8
+    python bench/calibrate_bench.py speed --dataset wizardlm --prompts 16 --rounds 3
+    python bench/calibrate_bench.py speed --dataset builtin --prompts 200 --rounds 0
+    python bench/calibrate_bench.py bf16 --dataset wizardlm --prompts 64
 
-The batched path is pop_analysis.calibrate.calibrate (batched sampling with a cache, one gated
-forward + backward per batch, no weight gradients). The naive loop does per prompt what a direct
-implementation would: pop_analysis.generate.run to sample, then one gated forward + backward of
-the HF model with logits at every position and weight gradients on. Both use the same prompts,
-sampling settings and thread count; the naive loop runs on the first --naive prompts only and is
-reported per sample. Prints one JSON object.
+speed: timing.measure with full = previous algorithm, variant = current (warm-up round of both,
+  order alternated, median and IQR); samples/s = prompts / median time of the current path. Both
+  sides compute from scratch (calibrate() never reads the results store: the CLI's --no-cache).
+  --rounds 0 times the current path once (after a 2-prompt warm-up), without the previous one.
+bf16: the current path in fp32 and under CPU bfloat16 autocast on the same prompts; Spearman
+  (scipy) of the per-layer importance of both stages, and the speed of each (one run each).
+Each prints one JSON object with the conditions: threads, load average, other processes' CPU use.
 """
 from __future__ import annotations
 
@@ -19,69 +23,135 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
 
-from pop_analysis.calibrate import CalibrationConfig, calibrate, pack, sample_seed  # noqa: E402
+from calibrate_previous import calibrate_previous  # noqa: E402
+from pop_analysis import timing  # noqa: E402
+from pop_analysis.calibrate import CalibrationConfig, calibrate, encode_prompts  # noqa: E402
 from pop_analysis.data import load_prompts, make_set  # noqa: E402
-from pop_analysis.gates import DECODE, StageGates, gated  # noqa: E402
-from pop_analysis.generate import SamplingConfig, encode  # noqa: E402
-from pop_analysis.generate import run as run_generation  # noqa: E402
+from pop_analysis.machine import matmul_rate  # noqa: E402
 from pop_analysis.models import load_model  # noqa: E402
+from pop_analysis.paths import shared_data_dir  # noqa: E402
+
+DATASETS = {"wizardlm": lambda: str(shared_data_dir() / "wizardlm_testset.jsonl")}
 
 
-def naive_sample(lm, text: str, cfg: CalibrationConfig, index: int) -> float:
-    """One prompt: batch-1 sampling, then a full-vocabulary gated forward + backward."""
-    ids = encode(lm, text)
-    scfg = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                          top_p=cfg.top_p, seed=sample_seed(cfg.seed, index))
-    t0 = time.perf_counter()
-    response = run_generation(lm, ids, "full", cfg=scfg).token_ids
-    batch = pack([ids], [response])
-    gates = StageGates.ones(1, lm.adapter.n_layers)
-    with torch.enable_grad(), gated(lm.adapter, gates, batch.stages):
-        logits = lm.model(input_ids=batch.ids).logits[0, :-1].float()  # (T-1, V)
-        targets = batch.ids[0, 1:]  # (T-1,)
-        keep = batch.stages[0, :-1] == DECODE  # (T-1,)
-        loss = torch.nn.functional.cross_entropy(logits[keep], targets[keep], reduction="sum")
-        loss.backward()
-    lm.model.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0
+def prompt_set(name: str, n: int):
+    """The first n prompts of a set, cycled when the set is shorter (200 built-in prompts)."""
+    src = load_prompts(DATASETS.get(name, lambda: name)())
+    return make_set(src.name, [src.prompts[i % len(src)] for i in range(n)])
+
+
+def conditions(other_cores=None) -> dict:
+    return {"threads": torch.get_num_threads(), "load_avg_1min": round(os.getloadavg()[0], 2),
+            "other_cores": None if other_cores is None else round(other_cores, 2),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "torch": torch.__version__}
+
+
+def agreement(new, old_prefill, old_decode) -> dict:
+    """How the current path's scores compare with another run's: rank agreement of the layer
+    means (scipy Spearman) and the largest per-sample difference relative to the scale."""
+    out = {}
+    for stage, old in (("prefill", old_prefill), ("decode", old_decode)):
+        cur = torch.tensor(getattr(new, f"{stage}_samples"), dtype=torch.float64)  # (n, L)
+        out[f"{stage}_spearman"] = round(float(spearmanr(cur.mean(0), old.mean(0))[0]), 5)
+        out[f"{stage}_max_rel_diff"] = float((cur - old).abs().max() / old.abs().max())
+    return out
+
+
+def speed(lm, args) -> dict:
+    cfg = CalibrationConfig(n_samples=args.prompts, max_new_tokens=args.max_new_tokens,
+                            seed=args.seed, batch_size=args.batch_size)
+    prompts = prompt_set(args.dataset, args.prompts)
+    got: dict = {}
+
+    def current():
+        got["new"] = calibrate(lm, prompts, cfg)
+
+    def previous():
+        got["old"] = calibrate_previous(lm, encode_prompts(lm, prompts, cfg), cfg)
+
+    row = {"dataset": prompts.name, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+           "seed": args.seed, "batch_size": args.batch_size, "dtype": "float32",
+           "load_avg_before": round(os.getloadavg()[0], 2)}
+    if args.rounds == 0:
+        warm = CalibrationConfig(n_samples=2, max_new_tokens=4, seed=args.seed)
+        calibrate(lm, prompts, warm)
+        t0 = time.perf_counter()
+        current()
+        s = time.perf_counter() - t0
+        row.update(new_seconds=round(s, 2), samples_per_s=round(args.prompts / s, 3), rounds=1,
+                   **conditions())
+    else:
+        t = timing.measure(previous, current, timing.TimingConfig(
+            min_rounds=args.rounds, max_rounds=args.rounds, budget_s=1.0, warmup=1))
+        new_s, old_s = t.variant_median_ms / 1e3, t.full_median_ms / 1e3
+        row.update(new_seconds=[round(x / 1e3, 2) for x in t.variant_ms],
+                   old_seconds=[round(x / 1e3, 2) for x in t.full_ms], first=t.first,
+                   samples_per_s=round(args.prompts / new_s, 3),
+                   samples_per_s_range=[round(args.prompts / (x / 1e3), 3) for x in
+                                        (max(t.variant_ms), min(t.variant_ms))],
+                   old_samples_per_s=round(args.prompts / old_s, 3),
+                   speedup=round(t.speedup, 3), speedup_iqr=[round(t.low, 3), round(t.high, 3)],
+                   trustworthy=t.trustworthy, note=t.note, rounds=t.rounds,
+                   **conditions(t.other_cores))
+        old = got["old"]
+        row["same_response_lengths"] = sum(len(r) == n for r, n in
+                                    zip(old["responses"], got["new"].response_tokens))
+        row.update(agreement(got["new"], old["prefill"], old["decode"]))
+    new = got["new"]
+    row["mean_prompt_tokens"] = sum(new.prompt_tokens) / len(new.prompt_tokens)
+    row["mean_response_tokens"] = sum(new.response_tokens) / len(new.response_tokens)
+    return row
+
+
+def bf16(lm, args) -> dict:
+    cfg = CalibrationConfig(n_samples=args.prompts, max_new_tokens=args.max_new_tokens,
+                            seed=args.seed, batch_size=args.batch_size)
+    prompts = prompt_set(args.dataset, args.prompts)
+    warm = CalibrationConfig(n_samples=2, max_new_tokens=4, seed=args.seed)
+    runs = {}
+    for name in ("fp32", "bf16"):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"):
+            calibrate(lm, prompts, warm)
+            t0 = time.perf_counter()
+            runs[name] = calibrate(lm, prompts, cfg)
+            runs[name + "_s"] = time.perf_counter() - t0
+    ref = runs["fp32"]
+    agree = agreement(runs["bf16"], torch.tensor(ref.prefill_samples, dtype=torch.float64),
+                      torch.tensor(ref.decode_samples, dtype=torch.float64))
+    shape = (lm.adapter.shape.hidden, lm.adapter.shape.intermediate)
+    rates = {f"{dt}_gflops_{rows}_rows": round(matmul_rate("cpu", dtype, shape, rows) / 1e9, 1)
+             for dt, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+             for rows in (16, 1024)}
+    return {"dataset": prompts.name, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+            "seed": args.seed, "batch_size": args.batch_size,
+            "fp32_seconds": round(runs["fp32_s"], 2), "bf16_seconds": round(runs["bf16_s"], 2),
+            "fp32_samples_per_s": round(args.prompts / runs["fp32_s"], 3),
+            "bf16_samples_per_s": round(args.prompts / runs["bf16_s"], 3),
+            "same_response_lengths": sum(a == b for a, b in zip(ref.response_tokens,
+                                                                runs["bf16"].response_tokens)),
+            **agree, "keep": min(agree["prefill_spearman"], agree["decode_spearman"]) >= 0.99,
+            **rates, **conditions()}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dataset", default="builtin")
-    ap.add_argument("--prompts", type=int, default=200)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("what", choices=("speed", "bf16"))
+    ap.add_argument("--dataset", default="wizardlm", help="wizardlm, builtin, or a prompt file")
+    ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--naive", type=int, default=8, help="prompts timed with the naive loop")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds of both paths (0: new only)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model(device="cpu")
-    prompts = load_prompts(args.dataset)
-    texts = [prompts.prompts[i % len(prompts)] for i in range(args.prompts)]
-    cfg = CalibrationConfig(n_samples=args.prompts, max_new_tokens=args.max_new_tokens,
-                            batch_size=args.batch_size)
-    run_set = make_set(prompts.name, texts)
-    naive_s = [naive_sample(lm, texts[i], cfg, i) for i in range(args.naive)]
-    t0 = time.perf_counter()
-    result = calibrate(lm, run_set, cfg)
-    batched_s = time.perf_counter() - t0
-    naive_per = sum(naive_s) / len(naive_s) if naive_s else None
-    per = batched_s / args.prompts
-    print(json.dumps({
-        "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "load_avg_1min": os.getloadavg()[0], "dataset": prompts.name, "prompts": args.prompts,
-        "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
-        "mean_prompt_tokens": sum(result.prompt_tokens) / args.prompts,
-        "mean_response_tokens": sum(result.response_tokens) / args.prompts,
-        "batched_seconds": round(batched_s, 2), "batched_s_per_sample": round(per, 3),
-        "samples_per_s": round(args.prompts / batched_s, 3),
-        "naive_samples": args.naive, "naive_s_per_sample": round(naive_per, 3) if naive_per else None,
-        "speedup_vs_naive": round(naive_per / per, 2) if naive_per else None,
-    }))
+    print(json.dumps((speed if args.what == "speed" else bf16)(lm, args)), flush=True)
 
 
 if __name__ == "__main__":

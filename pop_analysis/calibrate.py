@@ -12,11 +12,11 @@ the Taylor estimate ranks layers.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 
 import torch
+from scipy.stats import spearmanr
 
 from . import store
 from .data import PromptSet, fingerprint
@@ -252,7 +252,8 @@ def _taylor_pass(lm, prompt_ids, cfg: CalibrationConfig, tracker: Tracker):
     batches = [order[i:i + cfg.batch_size] for i in range(0, n, cfg.batch_size)]
     responses: list[list[int]] = [[] for _ in range(n)]
     keys = ("prefill", "decode", "loss", "bi_prefill", "bi_decode")
-    grads = {k: torch.zeros(n, L) if k != "loss" else torch.zeros(n) for k in keys}
+    # float64 holds float32 gradients exactly and keeps a float64 model's
+    grads = {k: torch.zeros((n, L) if k != "loss" else (n,), dtype=torch.float64) for k in keys}
     for j, idx in enumerate(batches):
         head = f"batch {j + 1}/{len(batches)}"
         tick = _throttled(tracker)
@@ -263,8 +264,8 @@ def _taylor_pass(lm, prompt_ids, cfg: CalibrationConfig, tracker: Tracker):
             lm, [prompt_ids[i] for i in idx], [sample_seed(cfg.seed, i) for i in idx], cfg, gates,
             influence=True, tick=lambda m: tick(f"{head}: {m}"),
             on_step=lambda step: tick(f"{head}: sampling token {step + 1}"))
-        g = {"prefill": gates.prefill.grad.detach().cpu(), "decode": gates.decode.grad.detach().cpu(),
-             **extra}
+        g = {"prefill": gates.prefill.grad.detach().cpu(),
+             "decode": gates.decode.grad.detach().cpu(), **extra}
         for k in keys:
             grads[k][idx] = g[k].to(grads[k].dtype)
         for i, r in zip(idx, part):
@@ -307,22 +308,11 @@ def _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
-    """Spearman rank correlation with average ranks for ties; None when either side is constant."""
-    ra, rb = _ranks(a), _ranks(b)
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = math.sqrt(float((ra * ra).sum() * (rb * rb).sum()))
-    return float((ra * rb).sum()) / den if den > 0 else None
-
-
-def _ranks(x: list[float]) -> torch.Tensor:
-    v = torch.tensor(x, dtype=torch.float64)  # (L,)
-    order = torch.argsort(v, stable=True)
-    ranks = torch.empty_like(v)
-    ranks[order] = torch.arange(len(v), dtype=torch.float64)
-    for val in torch.unique(v):  # ties share their mean rank
-        tie = v == val
-        ranks[tie] = ranks[tie].mean()
-    return ranks
+    """Spearman rank correlation (scipy; average ranks for ties); None when either side is
+    constant."""
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return None
+    return float(spearmanr(a, b)[0])
 
 
 # --- results store ---------------------------------------------------------------------------

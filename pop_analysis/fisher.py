@@ -151,7 +151,10 @@ def sample_and_gradients(lm, prompts: list[list[int]], seeds: list[int], cfg,
     Returns (responses, extra): extra holds "loss" (B,) and, with influence, "bi_prefill" and
     "bi_decode" (B, L), on the CPU. Without gates it only samples (no autograd at all).
     tick(message) hears each layer of the two gated forwards and of the backward.
+    Gates must be at 1: the sampling steps (and the loss they score) run the ungated model.
     """
+    if gates is not None and not all(bool((g == 1).all()) for g in (gates.prefill, gates.decode)):
+        raise ValueError("sample_and_gradients takes the gradient at gates = 1 only")
     adapter = lm.adapter
     dev = adapter.device
     ids, mask, pos = left_pad(prompts, dev)  # (B, W) each

@@ -5,10 +5,13 @@ import torch
 from test_families import RUNNER, build
 from tiny import tiny_model, tiny_prompt
 
-from pop_analysis.calibrate import CalibrationConfig, gate_gradients, pack, sample_responses
+from pop_analysis.calibrate import (CalibrationConfig, calibrate_ids, gate_gradients, pack,
+                                    response_losses, sample_responses, sample_seed)
 from pop_analysis.fewrows import ROWS, few_rows
 from pop_analysis.fisher import sample_and_gradients
-from pop_analysis.gates import StageGates
+from pop_analysis.gates import StageGates, gated
+from pop_analysis.generate import SamplingConfig
+from pop_analysis.generate import run as run_generation
 
 PROMPTS = [tiny_prompt(n, seed=80 + n) for n in (1, 14, 4, 9)]  # 14 > the sliding window (8)
 SEEDS = [5, 6, 7, 8]
@@ -121,3 +124,92 @@ def test_head_vjp_equals_autograd(family):
     with torch.no_grad():
         got = lm.adapter.head_vjp(lm.adapter.logit_grad(logits, grad))
     assert torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def previous_algorithm(lm, prompts, cfg):
+    """What calibration computed before the one-pass path: each response sampled by batch-1
+    generation with the sample's own seed, then one teacher-forced gated forward + backward over
+    [prompt ; response] (calibrate.gate_gradients). Squared gradients per sample and layer."""
+    responses = [run_generation(lm, p, "full", cfg=SamplingConfig(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+        seed=sample_seed(cfg.seed, i))).token_ids for i, p in enumerate(prompts)]
+    g = gate_gradients(lm, pack(prompts, responses))
+    return responses, g
+
+
+@pytest.mark.parametrize("family", ["qwen3", "mistral"])
+def test_calibration_scores_equal_the_previous_algorithm(family):
+    """End to end (calibrate_ids, batches of 3 sorted by length) against the previous algorithm,
+    in float64: the same responses, per-sample scores, block influence and losses."""
+    lm = tiny_model(family, seed=12)
+    lm.model.double()
+    prompts = [tiny_prompt(n, seed=90 + n) for n in (6, 1, 13, 3, 9)]
+    cfg = CalibrationConfig(n_samples=5, max_new_tokens=9, seed=4, batch_size=3)
+    got = calibrate_ids(lm, prompts, cfg)
+    responses, want = previous_algorithm(lm, prompts, cfg)
+    assert got.response_tokens == [len(r) for r in responses]
+    for stage in ("prefill", "decode"):
+        new = torch.tensor(getattr(got, f"{stage}_samples"), dtype=torch.float64)  # (n, L)
+        old = want[stage].double() ** 2  # (n, L)
+        assert old.abs().max() > 0
+        assert torch.allclose(new, old, rtol=1e-6, atol=1e-12 * old.abs().max()), \
+            f"{stage}: max_diff {(new - old).abs().max()} (scale {old.abs().max()})"
+        bi = torch.tensor(got.block_influence[stage], dtype=torch.float64)  # (L,)
+        assert torch.allclose(bi, want[f"bi_{stage}"].double().mean(0), rtol=1e-6, atol=1e-12)
+    assert torch.allclose(torch.tensor(got.loss, dtype=torch.float64), want["loss"].double(),
+                          rtol=1e-9)
+
+
+def test_fused_gradients_equal_finite_differences():
+    """dL/dg of the one-pass path against central differences of the response loss, every layer
+    and stage (float64 model; HF's norms still round to float32, hence EPS = 1e-3)."""
+    lm = tiny_model("llama", seed=13)
+    lm.model.double()
+    prompts, seeds = [tiny_prompt(7, seed=14)], [15]
+    got = fused(lm, prompts, seeds, CalibrationConfig(max_new_tokens=5))[1]
+    responses = sample_responses(lm, prompts, seeds, CalibrationConfig(max_new_tokens=5))
+    batch = pack(prompts, responses)
+    L, eps = lm.adapter.n_layers, 1e-3
+    for stage in ("prefill", "decode"):
+        for layer in range(L):
+            vals = []
+            for sign in (1.0, -1.0):
+                g = StageGates.ones(1, L, requires_grad=False, dtype=lm.dtype)
+                getattr(g, stage)[0, layer] += sign * eps
+                with torch.no_grad(), gated(lm.adapter, g, batch.stages):
+                    vals.append(float(response_losses(lm, batch)[0]))
+            fd = (vals[0] - vals[1]) / (2 * eps)
+            assert float(got[stage][0, layer]) == pytest.approx(fd, rel=2e-3, abs=1e-4), \
+                f"{stage} L{layer}"
+
+
+def test_fused_loss_is_the_ungated_loss_and_gates_must_be_one():
+    """Gates at 1 change nothing: the loss the one-pass path reports is the plain model's
+    cross-entropy of its own responses; any other gate value is refused."""
+    lm = tiny_model("qwen2", seed=16)
+    lm.model.double()
+    responses, got = fused(lm)
+    with torch.no_grad():
+        plain = response_losses(lm, pack(PROMPTS, responses))  # no hooks at all
+    assert torch.allclose(got["loss"].double(), plain, rtol=1e-9)
+    gates = StageGates.ones(len(PROMPTS), lm.adapter.n_layers, dtype=lm.dtype)
+    with torch.no_grad():
+        gates.decode[0, 2] = 0.5
+    with pytest.raises(ValueError, match="gates = 1"):
+        sample_and_gradients(lm, PROMPTS, SEEDS, CFG, gates)
+
+
+def test_fused_boundary_token_counts_as_decode():
+    """One-token prompts: the only prompt token is the boundary x_N, a decode position, so the
+    prefill gates get no gradient and no block influence; a two-token prompt has one prefill
+    position, whose gradient equals the teacher-forced one."""
+    lm = tiny_model("llama", seed=17)
+    lm.model.double()
+    prompts = [tiny_prompt(1, seed=18), tiny_prompt(2, seed=19)]
+    responses, got = fused(lm, prompts, [1, 2], CalibrationConfig(max_new_tokens=4))
+    assert torch.count_nonzero(got["prefill"][0]) == 0
+    assert torch.count_nonzero(got["bi_prefill"][0]) == 0
+    assert torch.count_nonzero(got["decode"][0]) > 0 and torch.count_nonzero(got["prefill"][1]) > 0
+    want = gate_gradients(lm, pack(prompts, responses))
+    for key in ("prefill", "decode"):
+        assert torch.allclose(got[key], want[key], rtol=1e-6, atol=1e-12), key
