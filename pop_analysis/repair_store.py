@@ -147,6 +147,27 @@ def entries(lm=None, skip=None) -> list[dict]:
     return out
 
 
+def listing(lm=None, skip=None) -> list[dict]:
+    """One row per stored repair (newest first; `lm` / `skip` filter as in `entries`): what it
+    was fitted on, how long it took, the last skipped layer's R^2 of plain POP's projection and
+    of the fitted map, and the bytes of its maps in float32 (from the sidecar; the maps are not
+    read)."""
+    rows = []
+    for e in entries(lm, skip):
+        p = e["params"]
+        payload = store.load(KIND, e["key"]) or {}
+        info, model = payload.get("info", {}), p.get("model", {})
+        last = info.get("fit", {}).get(str((p.get("skip") or [None])[-1]), {})
+        per_map = model.get("kv_dim", 0) * (model.get("hidden", 0) + 1)  # weight and bias
+        rows.append({"key": e["key"], "model": p.get("name"), "skip": p.get("skip") or [],
+                     "data": p.get("data_name"), "n_tokens": p.get("n_tokens"),
+                     "saved_at": e["saved_at"], "seconds": info.get("seconds"),
+                     "last_layer_r2": {q: (last.get(f"{q}_r2_pop"), last.get(f"{q}_r2_loo"))
+                                       for q in "kv"},
+                     "repair_bytes": 2 * len(p.get("skip") or []) * per_map * 4})
+    return rows
+
+
 def check_compatible(lm, rep: Repair, skip=None) -> None:
     """Refuse, in one line, a repair fitted for another model or another skip set."""
     mine = model_identity(lm)

@@ -102,6 +102,12 @@ def test_store_round_trip_and_listing(tmp_store):
     assert (tmp_store / "results" / "repair" / f"{rep.key}.safetensors").is_file()
     mem = repair_store.memory(lm, back)
     assert mem["repair_bytes"] == 2 * 2 * (32 * 64 + 32) * 4 and mem["model_bytes"] > 0
+    row, = repair_store.listing(lm, SKIP)  # what the CLI list and the Skip set page show
+    assert row["key"] == rep.key and row["skip"] == list(SKIP) and row["data"] == "random"
+    assert row["repair_bytes"] == mem["repair_bytes"] == back.nbytes()
+    fit5 = rep.info["fit"]["5"]
+    assert row["last_layer_r2"]["v"] == (fit5["v_r2_pop"], fit5["v_r2_loo"])
+    assert repair_store.listing(lm, (3, 4, 5)) == []
 
 
 def test_missing_or_damaged_repairs_are_one_line(tmp_store):

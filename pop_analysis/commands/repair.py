@@ -6,7 +6,7 @@ import time
 from ..data import BUILTIN_NAME
 from ..progress import terminal_bar
 from ..repair import RepairConfig
-from ..repair_store import entries, fit_and_store, memory
+from ..repair_store import fit_and_store, listing, memory
 from ..skipset import describe
 from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
 
@@ -84,9 +84,7 @@ def _num(x) -> str:
 
 
 def _list(args) -> int:
-    rows = [{"key": e["key"], "model": e["params"].get("name"), "skip": e["params"].get("skip"),
-             "data": e["params"].get("data_name"), "n_tokens": e["params"].get("n_tokens"),
-             "saved_at": e["saved_at"]} for e in entries()]
+    rows = listing()
     if args.json:
         emit_json({"repairs": rows})
         return 0
@@ -94,6 +92,6 @@ def _list(args) -> int:
         print("no stored repairs (python -m pop_analysis repair fit ...)")
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["saved_at"]))
-        print(f"{r['key']}  {r['model']}  skip {describe(r['skip'] or [])}  {r['data']}  "
-              f"{r['n_tokens']} tokens  {when}")
+        print(f"{r['key']}  {r['model']}  skip {describe(r['skip'])}  {r['data']}  "
+              f"{r['n_tokens']} tokens  {r['repair_bytes'] / 2**20:.1f} MiB  {when}")
     return 0
