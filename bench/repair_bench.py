@@ -98,8 +98,9 @@ def stage_drift(lm, skip, args) -> None:
     def block(runs) -> dict:
         avg = average(runs)
         layers = {q: [getattr(avg, f"{q}_cos")[i] for i in skip] for q in ("k", "v", "attn_out")}
-        return {**avg.block_means(), "kl": sum(sum(r.kl) / len(r.kl) for r in runs) / len(runs),
-                "layers": layers}
+        per_prompt = [{**r.block_means(), "kl": sum(r.kl) / len(r.kl)} for r in runs]  # paired
+        return {**avg.block_means(), "kl": sum(p["kl"] for p in per_prompt) / len(runs),
+                "layers": layers, "per_prompt": per_prompt}
 
     out = {"pop": block([drift(lm, ids, skip, cfg) for ids in prompts])}
     for name, rep in repairs(lm, skip).items():

@@ -60,7 +60,8 @@ def quality(folder: Path) -> str:
             f"{pop['continuation_nll_delta']:.3f}{_ci(pop['continuation_nll_delta_ci'])} | "
             f"{name} | {r['continuation_nll_delta']:.3f}{_ci(r['continuation_nll_delta_ci'])}"
             f" | {_share(pop, r, 'continuation_nll')}"
-            f" | {pop['next_token_kl']:.3f} -> {r['next_token_kl']:.3f} | "
+            f" | {pop['next_token_kl']:.3f}{_ci(pop['next_token_kl_ci'])} -> "
+            f"{r['next_token_kl']:.3f}{_ci(r['next_token_kl_ci'])} | "
             f"{_share(pop, r, 'next_token_kl')} |")
     return "\n".join(lines)
 
@@ -92,10 +93,24 @@ def drift(folder: Path) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for d in _load(folder, "drift_*.json"):
         skip = f"{d['skip'][0]}-{d['skip'][-1]}"
+        pop = d["block_means"]["pop"]
         for name, b in d["block_means"].items():
-            lines.append(f"| {skip} | {d['n']} | {name} | {b['hidden_cos']:.3f} | {b['k_cos']:.3f}"
-                         f" | {b['v_cos']:.3f} | {b['attn_out_cos']:.3f} | {b['kl']:.4f} |")
+            cells = [_drift_cell(b, pop, q, name != "pop")
+                     for q in ("hidden_cos", "k_cos", "v_cos", "attn_out_cos", "kl")]
+            lines.append(f"| {skip} | {d['n']} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _drift_cell(b: dict, pop: dict, q: str, paired: bool) -> str:
+    """The block mean; for a repair, its paired change from POP over prompts with a 95%
+    bootstrap interval (when the run kept per-prompt values)."""
+    from pop_analysis.stats import paired_delta
+
+    text = f"{b[q]:.4f}" if q == "kl" else f"{b[q]:.3f}"
+    if not paired or "per_prompt" not in b or "per_prompt" not in pop:
+        return text
+    e = paired_delta([p[q] for p in b["per_prompt"]], [p[q] for p in pop["per_prompt"]])
+    return f"{text} ({e.value:+.3f} [{e.ci[0]:+.3f}, {e.ci[1]:+.3f}])"
 
 
 def report(folder: Path) -> str:
