@@ -43,6 +43,7 @@ class Phases:
         f = getattr(obj, name)
 
         def timed(*a, **kw):
+            k = key(a, kw)  # before the call: a forward fills the cache it is keyed on
             self.stack.append(0.0)
             t0 = time.perf_counter()
             try:
@@ -50,7 +51,6 @@ class Phases:
             finally:
                 dt = time.perf_counter() - t0
                 inner = self.stack.pop()
-                k = key(a, kw)
                 self.t[k] = self.t.get(k, 0.0) + dt - inner
                 if self.stack:
                     self.stack[-1] += dt
@@ -73,8 +73,11 @@ def forward_key(a, kw) -> str:
     if not torch.is_grad_enabled():
         return "prompt forward, no autograd (sampling)"
     cache = a[3] if len(a) > 3 else kw.get("cache")
-    seen = cache.get_seq_length() if cache is not None else 0
-    return "response forward, gated (autograd)" if seen else "prompt forward, gated (autograd)"
+    if cache is None:
+        return "teacher-forced forward [prompt ; response], gated (autograd)"
+    if cache.get_seq_length():
+        return "response forward, gated (autograd)"
+    return "prompt forward, gated (autograd)"
 
 
 def instrument(lm) -> Phases:
