@@ -13,7 +13,7 @@ Parts:
           1.10x the ideal that were not flagged (target: none)
   page    the Generate page's extra timing cost at 512 tokens (after a stream-like warm-up)
   shares  speedup, range, FLOP and roofline ideals and their shares at 32/128/512/2048 tokens
-Prints one JSON object and writes it to cache/bench/timing_bench.json.
+Prints one JSON object; writes it to cache/bench/timing_bench.json (or --out) after every part.
 """
 from __future__ import annotations
 
@@ -207,15 +207,16 @@ def main() -> int:
               "rates": {"rows": rates.rows, "gflops": [round(x / 1e9, 1) for x in rates.flops_per_s],
                         "bandwidth_gb_s": round(rates.bytes_per_s / 1e9, 2)}}
     t0 = time.time()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     for part in args.parts.split(","):
         t = time.time()
         report[part] = part_shares(lm, args.budget) if part == "shares" else PARTS[part](lm, args.reps)
         report[part]["wall_s"] = round(time.time() - t, 1)
         print(f"{part}: {report[part]['wall_s']} s", file=sys.stderr, flush=True)
-    report["wall_s"] = round(time.time() - t0, 1)
-    report["load_at_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
+        report["wall_s"] = round(time.time() - t0, 1)
+        report["load_at_end"] = os.getloadavg()
+        out.write_text(json.dumps(report, indent=1))  # after each part: a timeout keeps the rest
     print(json.dumps(report))
     return 0
 
