@@ -15,7 +15,7 @@ single hiccup of another process slowed one run of a round by 10-20% (sometimes 
 the other rounds agreed within a few percent: the min-max range then moved by that hiccup and
 flagged quiet measurements, the IQR and the median did not. With the minimum of 3 rounds the IQR is
 half the range, so it still reacts to one round in three disagreeing. Min and max stay in the
-record (`ratios`). Thresholds and the measurements behind them: docs/benchmarks.md.
+record (`ratios`). Thresholds and the measurements behind them: docs/timing.md; results: docs/benchmarks.md.
 """
 from __future__ import annotations
 
