@@ -9,6 +9,8 @@ import math
 
 import plotly.graph_objects as go
 
+from dashboard.axes import FLOOR_MARK, TICKS, clip_to_floor, log_floor, padded_range
+
 PREFILL, DECODE, POP, FULL = "#1f77b4", "#ff7f0e", "#2ca02c", "#444444"
 FLAGGED = "#d62728"  # a speed the timing protocol did not trust
 COSINES = {"hidden": "#1f77b4", "k": "#9467bd", "v": "#d62728", "attn_out": "#2ca02c"}
@@ -93,48 +95,91 @@ def layer_strip(n_layers: int, skip, importance=None, label: str = "prefill impo
     fig = go.Figure(go.Scatter(x=x, y=[0] * n_layers, mode="markers", marker=marker,
                                hovertext=hover, hoverinfo="text"))
     fig.update_yaxes(visible=False, fixedrange=True, range=[-1, 1])
-    fig.update_xaxes(title="layer (drag a box to choose a range)",
+    fig.update_xaxes(title="layer (click: toggle · box tool, top right: choose a range)",
                      dtick=1 if n_layers <= 40 else 4, range=[-0.7, n_layers - 0.3], fixedrange=True)
-    return _layout(fig, "Layer strip (crossed = skipped in prefill)", height=200,
-                   clickmode="event+select", dragmode="select")
+    # clickmode and dragmode are left to Streamlit: with point selection on it makes a click
+    # select the point. Plotly drops click-to-select while the box tool is the drag mode, so the
+    # box is a tool picked in the mode bar rather than the default drag.
+    return _layout(fig, "Layer strip (crossed = skipped in prefill)", height=200)
+
+
+OVERLAY_COLOURS = ("#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#9467bd")
 
 
 def importance_chart(prefill, decode, prefill_std=None, decode_std=None, log: bool = True,
-                     bands: bool = True, block_influence: dict | None = None, skip=()) -> go.Figure:
-    """Prefill vs decode importance per layer (mean of (dL/dg)^2), with +-1 std bands."""
+                     bands: bool = True, block_influence: dict | None = None, skip=(),
+                     overlays: list[dict] | None = None) -> go.Figure:
+    """Prefill vs decode importance per layer (mean of (dL/dg)^2), with +-1 std bands.
+
+    overlays: other calibrations ({"label", "prefill", "decode"}) drawn as thin dotted lines.
+    On a log axis a zero cannot be drawn: it is drawn at a floor a decade below the smallest
+    positive value, with a down-triangle, and the legend says so. Bands never go below zero.
+    """
     x = list(range(len(prefill)))
+    overlays = overlays or []
+    floor = log_floor(prefill, decode, *[o[s] for o in overlays for s in ("prefill", "decode")]) \
+        if log else None
     fig = go.Figure()
+    raised_any = False
     for name, mean, std, colour in (("prefill", prefill, prefill_std, PREFILL),
                                     ("decode", decode, decode_std, DECODE)):
+        shown, raised = clip_to_floor(mean, floor)
+        raised_any |= bool(raised)
         if bands and std is not None:
-            lo = [max(m - s, m * 1e-3 if log else m - s) for m, s in zip(mean, std)]
-            hi = [m + s for m, s in zip(mean, std)]
+            lo = [max(m - s, floor if log and floor else 0.0) for m, s in zip(mean, std)]
+            hi = [max(m + s, floor if log and floor else 0.0) for m, s in zip(mean, std)]
             fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", line_width=0,
                                      fillcolor=_alpha(colour, 0.18), hoverinfo="skip",
                                      name=f"{name} ±1 std", showlegend=True))
-        fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", name=f"{name} importance",
-                                 line=dict(color=colour, width=2)))
+        fig.add_trace(go.Scatter(x=x, y=shown, mode="lines+markers", name=f"{name} importance",
+                                 line=dict(color=colour, width=2), customdata=mean,
+                                 hovertemplate="layer %{x}: %{customdata:.3g}<extra></extra>",
+                                 marker=dict(symbol=[FLOOR_MARK if i in raised else "circle"
+                                                     for i in x], size=7)))
+    for j, o in enumerate(overlays):
+        colour = OVERLAY_COLOURS[j % len(OVERLAY_COLOURS)]
+        for stage, dash in (("prefill", "dot"), ("decode", "dash")):
+            shown, raised = clip_to_floor(o[stage], floor)
+            raised_any |= bool(raised)
+            fig.add_trace(go.Scatter(x=x[:len(shown)], y=shown, mode="lines", opacity=0.8,
+                                     name=f"{o['label']} · {stage}", customdata=o[stage],
+                                     line=dict(color=colour, width=1.5, dash=dash),
+                                     hovertemplate="layer %{x}: %{customdata:.3g}<extra>"
+                                                   + f"{o['label']} · {stage}</extra>"))
+    if raised_any:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="0: drawn at the floor",
+                                 marker=dict(symbol=FLOOR_MARK, color=FULL, size=8)))
     if block_influence:
         for name, colour in (("prefill", PREFILL), ("decode", DECODE)):
             if block_influence.get(name):
                 fig.add_trace(go.Scatter(x=x, y=block_influence[name], yaxis="y2", mode="lines",
                                          name=f"block influence ({name})",
                                          line=dict(color=colour, dash="dot")))
-        fig.update_layout(yaxis2=dict(title="block influence (1 - cos)", overlaying="y",
-                                      side="right", showgrid=False))
+        fig.update_layout(yaxis2=dict(title="block influence (1 − cos)", overlaying="y",
+                                      side="right", showgrid=False, type="linear",
+                                      rangemode="tozero", tickformat=TICKS))
     shade_layers(fig, skip)
-    fig.update_yaxes(type="log" if log else "linear", title="importance E[(dL/dg)²]")
+    fig.update_layout(yaxis=dict(type="log" if log else "linear", exponentformat="power",
+                                 title="importance E[(dL/dg)²]" + (" (log)" if log else ""),
+                                 rangemode="normal" if log else "tozero"))
     fig.update_xaxes(title="layer")
-    return _layout(fig, "Stage-aware layer importance: prefill vs decode", height=420)
+    return _layout(fig, "Stage-aware layer importance: prefill vs decode", height=440)
 
 
 def rank_scatter(taylor, exact, stage: str) -> go.Figure:
     """Taylor estimate vs exact leave-one-layer-out loss increase, one point per layer."""
-    fig = go.Figure(go.Scatter(x=exact, y=taylor, mode="markers+text",
+    floor = log_floor(taylor)
+    shown, raised = clip_to_floor(taylor, floor)
+    fig = go.Figure(go.Scatter(x=exact, y=shown, mode="markers+text", customdata=taylor,
                                text=[str(i) for i in range(len(taylor))], textposition="top center",
-                               marker=dict(color=PREFILL if stage == "prefill" else DECODE)))
-    fig.update_xaxes(title="exact: loss increase when the layer is removed")
-    fig.update_yaxes(title="Taylor: E[(dL/dg)²]", type="log")
+                               hovertemplate="layer %{text}: exact %{x:.3g}, Taylor "
+                                             "%{customdata:.3g}<extra></extra>",
+                               marker=dict(color=PREFILL if stage == "prefill" else DECODE,
+                                           symbol=[FLOOR_MARK if i in raised else "circle"
+                                                   for i in range(len(taylor))])))
+    fig.update_xaxes(title="exact: loss increase when the layer is removed", tickformat=TICKS)
+    fig.update_yaxes(title="Taylor: E[(dL/dg)²] (log" + ("; ▼ = 0, at the floor)" if raised else ")"),
+                     type="log", exponentformat="power")
     return _layout(fig, f"Taylor vs exact ({stage})", height=340)
 
 
@@ -174,8 +219,10 @@ def arrival_chart(series: dict) -> go.Figure:
 
 # ---------- drift ----------
 
-def drift_curves(drift: dict, skip, only_skipped: bool = True) -> go.Figure:
-    """Mean cosine POP vs full per layer for hidden, K, V and attention output (paper style)."""
+def drift_curves(drift: dict, skip, only_skipped: bool = True, y_range=None,
+                 title: str = "Representation drift across the skipped block") -> go.Figure:
+    """Mean cosine POP vs full per layer for hidden, K, V and attention output (paper style).
+    y_range: a shared range when two runs are shown side by side."""
     n = len(drift["hidden_cos"])
     layers = sorted(skip) if only_skipped and skip else list(range(n))
     fig = go.Figure()
@@ -193,11 +240,19 @@ def drift_curves(drift: dict, skip, only_skipped: bool = True) -> go.Figure:
     if not only_skipped:
         shade_layers(fig, skip)
     fig.update_xaxes(title="layer", dtick=1)
-    fig.update_yaxes(title="cosine similarity POP vs full")
-    return _layout(fig, "Representation drift across the skipped block", height=420)
+    fig.update_yaxes(title="cosine similarity POP vs full", tickformat=TICKS, range=y_range)
+    return _layout(fig, title, height=420)
 
 
-def drift_heatmap(matrix, tokens=None, title: str = "per-token cosine") -> go.Figure:
+def drift_range(*drifts: dict) -> list[float] | None:
+    """One y range covering the cosines (means and minima) of several drift runs."""
+    vals = [v for d in drifts for q in COSINES for suffix in ("_cos", "_min")
+            for v in (d.get(f"{q}{suffix}") or [])]
+    return padded_range(vals, min_span_rel=0.05, upper=1.02)
+
+
+def drift_heatmap(matrix, tokens=None, title: str = "per-token cosine",
+                  x_title: str = "prompt token (downsampled)") -> go.Figure:
     """Layer x token cosine matrix; red = drifted, white/blue = unchanged."""
     n_tok = len(matrix[0]) if matrix else 0
     x = list(range(n_tok))
@@ -207,7 +262,7 @@ def drift_heatmap(matrix, tokens=None, title: str = "per-token cosine") -> go.Fi
                                hovertemplate=("layer %{y}, token %{x}"
                                               + (" %{customdata}" if tokens else "")
                                               + ": cos %{z:.3f}<extra></extra>")))
-    fig.update_xaxes(title="prompt token (downsampled)")
+    fig.update_xaxes(title=x_title)
     fig.update_yaxes(title="layer")
     return _layout(fig, title, height=420)
 
@@ -218,9 +273,10 @@ def decode_steps_chart(kl, top1) -> go.Figure:
     fig = go.Figure(go.Bar(x=steps, y=kl, name="KL(full ‖ POP)", marker_color=DECODE))
     fig.add_trace(go.Scatter(x=steps, y=top1, name="top-1 agreement", yaxis="y2",
                              mode="lines+markers", line=dict(color=POP)))
-    fig.update_layout(yaxis=dict(title="KL (nats)", rangemode="tozero"),
+    fig.update_layout(yaxis=dict(title="KL(full ‖ POP), nats", range=padded_range(kl, lower=0.0),
+                                 tickformat=TICKS),
                       yaxis2=dict(title="top-1 agreement", overlaying="y", side="right",
-                                  range=[0, 1.05], showgrid=False))
+                                  range=[0, 1.05], showgrid=False, tickformat=".0%"))
     fig.update_xaxes(title="decode step (0 = boundary token's prediction)")
     return _layout(fig, "Next-token distribution: POP vs full, per decode step", height=340)
 
@@ -232,10 +288,14 @@ def drift_length_chart(rows: list[dict]) -> go.Figure:
     for key, colour in COSINES.items():
         fig.add_trace(go.Scatter(x=lengths, y=[r.get(f"{key}_cos", r.get(key)) for r in rows], mode="lines+markers",
                                  name=COSINE_NAMES[key], line=dict(color=colour)))
-    fig.add_trace(go.Scatter(x=lengths, y=[r["kl"] for r in rows], name="KL (mean over steps)",
+    kl = [r["kl"] for r in rows]
+    cos = [r.get(f"{k}_cos", r.get(k)) for r in rows for k in COSINES]
+    fig.add_trace(go.Scatter(x=lengths, y=kl, name="KL (mean over steps)",
                              yaxis="y2", mode="lines+markers", line=dict(color=FULL, dash="dash")))
-    fig.update_layout(yaxis=dict(title="mean cosine over the skipped block"),
-                      yaxis2=dict(title="KL", overlaying="y", side="right", showgrid=False))
+    fig.update_layout(yaxis=dict(title="mean cosine over the skipped block", tickformat=TICKS,
+                                 range=padded_range(cos, upper=1.0 + 0.02)),
+                      yaxis2=dict(title="KL(full ‖ POP), nats", overlaying="y", side="right",
+                                  showgrid=False, tickformat=TICKS, range=padded_range(kl, lower=0.0)))
     fig.update_xaxes(title="context length (tokens)", type="log")
     return _layout(fig, "Drift vs context length", height=380)
 

@@ -97,3 +97,37 @@ def peek_fields(path: str) -> list[str]:
     if not isinstance(first, dict):
         return []
     return list(map(str, first)) if p.suffix.lower() == ".csv" else sorted(map(str, first))
+
+
+# ---------- compare: stored calibrations as overlays ----------
+
+def calibration_label(entry: dict) -> str:
+    """'smollm2-135m · builtin · 8 samples · 2026-01-05 14:02' for a store entry."""
+    import datetime
+
+    p = entry.get("params") or {}
+    when = datetime.datetime.fromtimestamp(entry.get("saved_at", 0)).strftime("%Y-%m-%d %H:%M")
+    return f"{p.get('model', '?')} · {p.get('dataset', '?')} · {p.get('n_samples', '?')} samples · {when}"
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def importance_curves(kind: str, key: str) -> tuple[list[float], list[float]] | None:
+    """(prefill, decode) importance of a stored calibration; None when missing or unreadable.
+    Only the two curves are memoised, so an overlay costs a small copy, not a payload."""
+    try:
+        payload = stored_payload(kind, key)
+        return [float(v) for v in payload["prefill"]], [float(v) for v in payload["decode"]]
+    except (StoredMiss, KeyError, TypeError, ValueError):
+        return None
+
+
+def calibration_overlays(keys, labels: dict) -> list[dict]:
+    """The chosen stored calibrations as chart overlays ({label, prefill, decode})."""
+    from pop_analysis.calibrate import KIND
+
+    out = []
+    for key in keys:
+        curves = importance_curves(KIND, key) if key in labels else None
+        if curves is not None:
+            out.append({"label": labels[key], "prefill": curves[0], "decode": curves[1]})
+    return out

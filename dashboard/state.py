@@ -1,7 +1,14 @@
 """Session state: the keys every page shares and the typed spec they are read through.
 
-Widgets keep their own (page-local) keys; the values that must survive a page switch live under
-the canonical keys below and are written only through these helpers.
+One canonical value per fact. The skip set lives under SKIP alone: every widget that shows it
+(slider, presets, strip, layer buttons, sidebar box) is re-synced from it before it is drawn
+(`sync`) and writes it only through callbacks (`set_skip`), which run before the script, so a
+change from any of them shows everywhere in the same run.
+
+Inputs that must survive a page change (prompt, variant, data set, sweep settings) are widgets
+whose key is registered with `kept(key, default)`: Streamlit drops a widget's state when its
+page is not drawn, so app.py copies every registered widget value to a canonical "keep." key at
+the start of each run (`remember_inputs`) and `kept` restores it when the widget is drawn again.
 """
 from __future__ import annotations
 
@@ -11,14 +18,19 @@ import streamlit as st
 
 MODEL = "lab.model"  # ModelSpec of the model the user asked for (last one that loaded)
 SKIP = "lab.skip"  # tuple[int, ...]: the chosen skip set, shared by every page
-SKIP_LAYERS_OF = "lab.skip_n_layers"  # layer count the skip set was made for
+SKIP_LAYERS_OF = "lab.skip_n_layers"  # layer count the skip set was made for (None: from a link)
 UNLOADED = "lab.unloaded"  # True after "unload model" until the next load
 CALIBRATION = "lab.calibration"  # the last CalibrationResult shown (computed or reloaded)
 GENERATION = "lab.generation"  # the last side-by-side generation (dict), kept across pages
 DRIFT = "lab.drift"  # the last DriftResult
+DRIFT_B = "lab.drift_b"  # a second DriftResult shown beside it (compare)
 DRIFT_LENGTH = "lab.drift_by_length"  # the last drift-vs-length rows (list[dict])
 SWEEP = "lab.sweep"  # the last SweepResult shown
+CONTEXT = "lab.context."  # + result key: the settings a result came from (dict)
 MESSAGE = "lab.message"  # one-shot (level, text) shown where the user acted, after a rerun
+KEEP = "keep."  # + widget key: the canonical copy of a kept input
+KEPT = "lab.kept"  # set of widget keys registered with kept()
+URL_READ = "lab.url_read"  # True once this session's link (query parameters) was applied
 
 
 @dataclass(frozen=True)
@@ -44,11 +56,23 @@ def set_model_spec(spec: ModelSpec) -> None:
     st.session_state[MODEL] = spec
 
 
-def skip_for(n_layers: int) -> tuple[int, ...]:
-    """The shared skip set; made (the paper's last third) for a model whose layer count it lacks."""
-    from pop_analysis.skipset import preset
+# ---------- the skip set ----------
 
-    if st.session_state.get(SKIP_LAYERS_OF) != n_layers or SKIP not in st.session_state:
+def skip_for(n_layers: int) -> tuple[int, ...]:
+    """The shared skip set; made (the paper's last third) for a model whose layer count it lacks.
+    A set that came from a link is checked against the model here (an impossible one is replaced
+    by the paper's and the reason flashed)."""
+    from pop_analysis.skipset import SkipSetError, preset, validate
+
+    made_for = st.session_state.get(SKIP_LAYERS_OF)
+    if SKIP in st.session_state and made_for is None:  # from a link: check it now
+        try:
+            st.session_state[SKIP] = validate(st.session_state[SKIP], n_layers)
+            st.session_state[SKIP_LAYERS_OF] = made_for = n_layers
+        except SkipSetError as e:
+            flash("warning", f"The link's skip set does not fit this model ({e}); using the "
+                             "paper's last third.")
+    if made_for != n_layers or SKIP not in st.session_state:
         st.session_state[SKIP] = preset("paper", n_layers)
         st.session_state[SKIP_LAYERS_OF] = n_layers
     return st.session_state[SKIP]
@@ -63,6 +87,55 @@ def set_skip(layers, n_layers: int) -> tuple[int, ...]:
     st.session_state[SKIP_LAYERS_OF] = n_layers
     return out
 
+
+def sync(key: str, value) -> None:
+    """Set a widget's value from the canonical state before the widget is drawn."""
+    st.session_state[key] = value
+
+
+# ---------- inputs that survive page changes ----------
+
+def kept(key: str, default=None) -> str:
+    """Register a widget key as kept across pages and restore its value; returns the key.
+    Pass no `value=`/`index=` to the widget itself: the default lives here."""
+    st.session_state.setdefault(KEPT, set()).add(key)
+    if key not in st.session_state:
+        value = st.session_state.get(KEEP + key, default)
+        if value is not None:
+            st.session_state[key] = value
+    return key
+
+
+def remember_inputs() -> None:
+    """Copy every kept widget's current value to its canonical key (app.py, each run)."""
+    for key in st.session_state.get(KEPT, ()):
+        if key in st.session_state:
+            st.session_state[KEEP + key] = st.session_state[key]
+
+
+def value(key: str, default=None):
+    """A kept input's value, whether or not its widget is drawn on this page."""
+    return st.session_state.get(key, st.session_state.get(KEEP + key, default))
+
+
+# ---------- results and the settings they came from ----------
+
+def keep_result(key: str, result, context: dict) -> None:
+    st.session_state[key] = result
+    st.session_state[CONTEXT + key] = dict(context)
+
+
+def context_of(key: str) -> dict:
+    return st.session_state.get(CONTEXT + key) or {}
+
+
+def changed(key: str, now: dict) -> list[str]:
+    """Names of the settings that differ between a kept result's context and `now`."""
+    then = context_of(key)
+    return [k for k, v in now.items() if k in then and then[k] != v]
+
+
+# ---------- messages ----------
 
 def flash(level: str, text: str) -> None:
     """Remember a message to show after the next rerun (callbacks cannot draw in place)."""

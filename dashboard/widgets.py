@@ -1,11 +1,9 @@
-"""Reusable inputs and panels: the sidebar, the skip-set badge, progress bars, pickers."""
+"""Reusable inputs and panels: the sidebar, the skip-set badge and editor, pickers."""
 from __future__ import annotations
 
 import hashlib
 import html
 import re
-import threading
-import time
 from pathlib import Path
 
 import streamlit as st
@@ -114,8 +112,25 @@ def run_lock():
 
 # ---------- skip set ----------
 
+SKIP_BOX = "w.skip"  # the sidebar's skip-set box (synced from state.SKIP every run)
+SKIP_ERROR = "lab.skip_error"  # the sidebar box's last rejected input, shown under it
+
+
+def _on_skip_box(n: int) -> None:
+    from dashboard.links import parse_skip
+    from pop_analysis.skipset import SkipSetError
+
+    try:
+        state.set_skip(parse_skip(st.session_state[SKIP_BOX]), n)
+        st.session_state.pop(SKIP_ERROR, None)
+    except SkipSetError as e:
+        st.session_state[SKIP_ERROR] = str(e)
+
+
 def skip_badge(lm, where=None) -> None:
-    """The current skip set, always visible: layers, share, ideal speedup, a mini strip."""
+    """The current skip set, always visible and editable: layers, share, ideal speedup, a
+    mini strip, and a box that takes '20-29', '3,5,7' or 'none'."""
+    from dashboard.links import skip_text
     from pop_analysis.flops import ideal_speedup
     from pop_analysis.skipset import describe
 
@@ -130,109 +145,49 @@ def skip_badge(lm, where=None) -> None:
     where.markdown(f"**Skip set:** {html.escape(describe(skip))} "
                    f"({len(skip)}/{n} layers) · ideal prefill speedup {ideal:.2f}× at 512 tokens")
     where.markdown(f'<div data-testid="pop-skip-strip">{cells}</div>', unsafe_allow_html=True)
-
-
-# ---------- progress ----------
-
-class ProgressBar:
-    """A st.progress bar fed by pop_analysis Progress updates, used as a context manager.
-
-    The engines report at their own pace (a batch may take longer than 2 s on a busy CPU), so a
-    heartbeat thread re-draws the bar with the wall-clock time every second: the page never looks
-    frozen. `summary` says how often the engine itself reported.
-    """
-
-    HEARTBEAT_S = 1.0
-
-    def __init__(self, label: str, where=st):
-        self.label = label
-        self.bar = where.progress(0.0, text=f"{label}: starting ...")
-        self.t0 = time.perf_counter()
-        self.times: list[float] = [self.t0]  # engine updates
-        self.last = None  # the latest Progress
-        self.drawn_at = self.t0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = None
-
-    def __enter__(self):
-        from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
-
-        ctx = get_script_run_ctx()
-        if ctx is not None:
-            self._thread = threading.Thread(target=self._beat, daemon=True)
-            add_script_run_ctx(self._thread, ctx)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-        self.bar.empty()
-        return False
-
-    def __call__(self, p) -> None:
-        self.times.append(time.perf_counter())
-        self.last = p
-        self._draw()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.HEARTBEAT_S / 4):
-            if time.perf_counter() - self.drawn_at >= self.HEARTBEAT_S:
-                self._draw()
-
-    def _draw(self) -> None:
-        with self._lock:
-            if self._stop.is_set() and threading.current_thread() is self._thread:
-                return
-            p, wall = self.last, time.perf_counter() - self.t0
-            frac = min(max(p.fraction, 0.0), 1.0) if p else 0.0
-            text = f"{self.label}: {wall:.0f} s"
-            if p is not None:
-                eta = f" · ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""
-                text += f" · {p.done}/{p.total}{eta}" + (f" · {p.message}" if p.message else "")
-            self.bar.progress(frac, text=text)
-            self.drawn_at = time.perf_counter()
-
-    @property
-    def longest_gap_s(self) -> float:
-        gaps = [b - a for a, b in zip(self.times, self.times[1:])]
-        return max(gaps) if gaps else 0.0
-
-    @property
-    def summary(self) -> str:
-        return (f"{len(self.times) - 1} engine progress updates, longest gap "
-                f"{self.longest_gap_s:.1f} s (the bar refreshes every {self.HEARTBEAT_S:.0f} s)")
+    state.sync(SKIP_BOX, skip_text(skip))
+    where.text_input("Skip layers", key=SKIP_BOX, on_change=_on_skip_box, args=(n,),
+                     help=f"layers 0..{n - 1} POP skips in prefill: '20-29', '3,5,7-9' or 'none'; "
+                          "shared with every page")
+    err = st.session_state.pop(SKIP_ERROR, None)
+    if err:
+        where.error(f"Skip set unchanged: {err}")
 
 
 # ---------- data sets ----------
 
 def dataset_picker(prefix: str):
-    """Built-in, uploaded file, local path or HF data set -> (source, field, label) or None."""
+    """Built-in, uploaded file, local path or HF data set -> (source, field, label) or None.
+    The choices survive page changes (kept inputs); so does the last uploaded file."""
     kind = st.radio("Prompts", ("built-in", "upload a file", "local path", "Hugging Face data set"),
-                    horizontal=True, key=f"{prefix}.kind")
+                    horizontal=True, key=state.kept(f"{prefix}.kind", "built-in"))
     if kind == "built-in":
         return "builtin", None, "built-in prompts"
     if kind == "upload a file":
         up = st.file_uploader("File (.jsonl, .json, .csv, .parquet, .txt)",
                               type=["jsonl", "json", "csv", "parquet", "txt"], key=f"{prefix}.upload")
+        last = state.KEEP + f"{prefix}.upload"
+        if up is not None:
+            try:
+                st.session_state[last] = (save_upload(up.name, up.getvalue()), up.name)
+            except OSError as e:  # errors name the user's file, never the cache path
+                st.error(f"Cannot keep the upload {up.name}: {e.strerror or 'write failed'}")
+                return None
+        if last not in st.session_state:
+            return None
+        path, name = st.session_state[last]
         if up is None:
-            return None
-        try:
-            path = save_upload(up.name, up.getvalue())
-        except OSError as e:  # errors name the user's file, never the cache path
-            st.error(f"Cannot keep the upload {up.name}: {e.strerror or 'write failed'}")
-            return None
-        return path, field_picker(path, prefix), up.name
+            st.caption(f"Using the file uploaded earlier: {name} (upload another to replace it).")
+        return path, field_picker(path, prefix), name
     if kind == "local path":
-        path = st.text_input("Path of a local file", key=f"{prefix}.path",
+        path = st.text_input("Path of a local file", key=state.kept(f"{prefix}.path", ""),
                              placeholder="/data/prompts.jsonl")
         if not path.strip():
             return None
         return path.strip(), field_picker(path.strip(), prefix), Path(path).name
-    name = st.text_input("Data set (NAME[:split])", key=f"{prefix}.hf", placeholder="gsm8k:test")
-    field = st.text_input("Field (empty = guess)", key=f"{prefix}.hf_field") or None
+    name = st.text_input("Data set (NAME[:split])", key=state.kept(f"{prefix}.hf", ""),
+                         placeholder="gsm8k:test")
+    field = st.text_input("Field (empty = guess)", key=state.kept(f"{prefix}.hf_field", "")) or None
     return (f"hf:{name.strip()}", field, name.strip()) if name.strip() else None
 
 
@@ -242,7 +197,12 @@ def field_picker(path: str, prefix: str) -> str | None:
     fields = peek_fields(path)
     if not fields:
         return None
-    choice = st.selectbox("Field holding the prompt", ["(guess)"] + fields, key=f"{prefix}.field")
+    options = ["(guess)"] + fields
+    key = f"{prefix}.field"
+    if state.value(key) not in options:  # a choice made for another file
+        st.session_state.pop(key, None)
+        st.session_state.pop(state.KEEP + key, None)
+    choice = st.selectbox("Field holding the prompt", options, key=state.kept(key, "(guess)"))
     return None if choice == "(guess)" else choice
 
 
@@ -256,3 +216,25 @@ def save_upload(name: str, data: bytes) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return str(path)
+
+
+# ---------- results: where they came from ----------
+
+def _short(v, width: int = 60) -> str:
+    text = " ".join(str(v).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def made_from(key: str, now: dict | None = None, action: str = "Run") -> None:
+    """Under a result: the settings it came from and, when the inputs on screen differ, a stale
+    note naming what changed and the button that updates it."""
+    ctx = state.context_of(key)
+    if ctx:
+        st.caption("Made from: " + " · ".join(f"{k} {_short(v)}" for k, v in ctx.items()
+                                               if k != "partial"))
+    if ctx.get("partial"):
+        st.warning(f"Partial result: {ctx['partial']}")
+    diff = state.changed(key, now or {})
+    if diff:
+        st.warning(f"Stale: the {', '.join(diff)} changed since this result was made; press "
+                   f"**{action}** to update it.", icon=":material/history:")

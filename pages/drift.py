@@ -1,11 +1,15 @@
 """Drift: how far POP's hidden states, K/V cache and attention outputs move from the full model."""
+import datetime
+
 import streamlit as st
 import torch
 
-from dashboard import charts, state, widgets
+from dashboard import charts, data, exports, jobs, state, widgets
 from dashboard.examples import EXAMPLES
 from pop_analysis import drift as dr
+from pop_analysis.errors import first_line
 from pop_analysis.generate import encode
+from pop_analysis.progress import duration
 from pop_analysis.skipset import describe
 
 st.title("Representation drift: POP vs full")
@@ -17,71 +21,152 @@ st.markdown("Cosine similarity between POP and the full model per layer: hidden 
 lm = widgets.model_or_stop()
 n = lm.adapter.n_layers
 skip = state.skip_for(n)
-st.caption(f"Skip set: layers {describe(skip)} ({len(skip)}/{n}) — change it on the Skip set page.")
+st.caption(f"Skip set: layers {describe(skip)} ({len(skip)}/{n}) — change it on the Skip set page "
+           "or in the sidebar.")
 
 
 def use_example() -> None:
     st.session_state["drift.prompt"] = EXAMPLES[st.session_state["drift.example"]]
 
 
+def filer(key: str, what: str):
+    """on_done for a drift job: keep the result (or what finished) under `key`."""
+    def filed(job) -> tuple[str, str]:
+        if job.cancelled is not None:
+            rows = job.partial
+            if not rows:
+                return "warning", f"{what}: cancelled after {duration(job.seconds)}; nothing had finished."
+            state.keep_result(key, rows, {**job.context, "partial": f"cancelled; lengths "
+                                          f"{[r['length'] for r in rows]} finished (not stored)"})
+            return "warning", f"{what}: cancelled; showing the {len(rows)} lengths that finished."
+        if job.error is not None:
+            if isinstance(job.error, torch.OutOfMemoryError):
+                return "error", f"{what}: out of memory; use a shorter prompt or fewer steps."
+            return "error", f"{what} failed: {first_line(job.error)}"
+        result, hit = job.result
+        state.keep_result(key, result, job.context)
+        return "success", (f"{what}: loaded from the results store." if hit else
+                           f"{what}: measured in {duration(job.seconds)}; stored for next time.")
+    return filed
+
+
 with st.container(border=True):
     st.selectbox("Example", list(EXAMPLES), key="drift.example", on_change=use_example, index=None,
                  placeholder="pick an example (a long one shows more drift) ...")
-    prompt = st.text_area("Prompt", key="drift.prompt", height=110)
-    c = st.columns(3)
-    steps = c[0].number_input("Decode steps compared", 1, 64, 8, key="drift.steps")
-    raw = c[1].checkbox("Raw (no chat template)", key="drift.raw")
-    go = c[2].button("Measure drift", type="primary", key="drift.go")
+    prompt = st.text_area("Prompt", key=state.kept("drift.prompt", ""), height=110)
+    c = st.columns(3, vertical_alignment="bottom")
+    steps = c[0].number_input("Decode steps compared", 1, 64, key=state.kept("drift.steps", 8))
+    raw = c[1].checkbox("Raw (no chat template)", key=state.kept("drift.raw", False))
+    go = c[2].button("Measure drift", type="primary", key="drift.go",
+                     disabled=jobs.running("drift"))
+    cfg = dr.DriftConfig(decode_steps=int(steps))
+    now = {"prompt": prompt, "skip set": describe(skip), "decode steps": int(steps), "raw": raw}
+    if go:
+        try:
+            ids = encode(lm, prompt or "", raw=raw)
+            jobs.start("drift", "Measuring drift", lambda p: dr.cached_drift(lm, ids, skip, cfg,
+                                                                              progress=p, notice=p.notice),
+                       filer(state.DRIFT, "Drift"), context=now)
+        except ValueError as e:
+            st.error(f"Drift failed: {first_line(e)}")
+    jobs.panel("drift")
 
 
-def guarded(label: str, fn):
-    """Run fn(progress) under the model lock with a progress bar; errors go where the user clicked.
-    Returns (result, progress summary) or None."""
-    try:
-        with widgets.run_lock(), widgets.ProgressBar(label) as bar:
-            return fn(bar), bar.summary
-    except torch.OutOfMemoryError:
-        st.error(f"{label}: out of memory; use a shorter prompt or fewer steps.")
-    except (ValueError, RuntimeError, OSError) as e:
-        st.error(f"{label} failed: {e}")
-    return None
+def curves_of(res, only: bool, y_range=None, title=None):
+    kw = {"title": title} if title else {}
+    return charts.drift_curves(res.to_dict(), res.skip_layers, only, y_range, **kw)
 
-
-cfg = dr.DriftConfig(decode_steps=int(steps))
-if go:
-    out = guarded("Drift", lambda bar: dr.cached_drift(lm, encode(lm, prompt or "", raw=raw), skip,
-                                                       cfg, progress=bar, notice=st.warning))
-    if out is not None:
-        (res, hit), summary = out
-        st.session_state[state.DRIFT] = res
-        st.success("Loaded from the cache." if hit else f"Computed; {summary}.")
 
 res = st.session_state.get(state.DRIFT)
+figures: dict = {}
 if res is not None:
     d = res.to_dict()
     st.subheader(f"{res.model} · {res.prompt_tokens} prompt tokens · skipped {describe(res.skip_layers)}")
-    only = st.toggle("Only the skipped block (paper style)", True, key="drift.only")
-    st.plotly_chart(charts.drift_curves(d, res.skip_layers, only), key="drift.curves")
-    qty = st.radio("Heatmap of", ("hidden", "k", "v", "attn_out"), horizontal=True, key="drift.qty",
-                   format_func=charts.COSINE_NAMES.get)
-    st.plotly_chart(charts.drift_heatmap(d[f"{qty}_tok"], res.tokens if qty != "attn_out" else None,
-                                         f"Per-token cosine: {charts.COSINE_NAMES[qty]} (layer x "
-                                         f"{'decode step' if qty == 'attn_out' else 'token'})"),
-                    key="drift.heat")
-    st.plotly_chart(charts.decode_steps_chart(res.kl, res.top1_agree), key="drift.steps_chart")
+    widgets.made_from(state.DRIFT, now, "Measure drift")
+    only = st.toggle("Only the skipped block (paper style)", key=state.kept("drift.only", True))
+    figures["curves"] = curves_of(res, only)
+    st.plotly_chart(figures["curves"], key="drift.curves")
+    qty = st.radio("Heatmap of", ("hidden", "k", "v", "attn_out"), horizontal=True,
+                   key=state.kept("drift.qty", "hidden"), format_func=charts.COSINE_NAMES.get)
+    decode = qty == "attn_out"
+    figures["heatmap"] = charts.drift_heatmap(
+        d[f"{qty}_tok"], None if decode else res.tokens,
+        f"Per-token cosine: {charts.COSINE_NAMES[qty]} (layer x {'decode step' if decode else 'token'})",
+        x_title="decode step (0 = the boundary token x_N)" if decode else "prompt token (downsampled)")
+    st.plotly_chart(figures["heatmap"], key="drift.heat")
+    figures["decode_steps"] = charts.decode_steps_chart(res.kl, res.top1_agree)
+    st.plotly_chart(figures["decode_steps"], key="drift.steps_chart")
+
+    def pin() -> None:
+        state.keep_result(state.DRIFT_B, res, state.context_of(state.DRIFT))
+
+    st.button("Pin this run as B, to compare with the next one", key="drift.pin", on_click=pin)
+
+stored = data.stored_entries(dr.KIND)
+if stored:
+    def drift_label(e) -> str:
+        p = e["params"]
+        when = datetime.datetime.fromtimestamp(e["saved_at"]).strftime("%Y-%m-%d %H:%M")
+        return (f"{p.get('model')} · {p.get('prompt_tokens')} prompt tokens · skip "
+                f"{describe(p.get('skip') or [])} · {p.get('config', {}).get('decode_steps')} steps · {when}")
+    with st.expander(f"Stored drift runs ({len(stored)}): show as A or B"):
+        by_key = {e["key"]: e for e in stored}
+        pick = st.selectbox("Stored run", list(by_key), format_func=lambda k: drift_label(by_key[k]),
+                            key="drift.stored")
+        a, b = st.columns(2)
+        for col, target, name in ((a, state.DRIFT, "A"), (b, state.DRIFT_B, "B")):
+            if col.button(f"Show as {name}", key=f"drift.load.{name}"):
+                loaded = data.load_result(dr.KIND, pick, dr.DriftResult)
+                if loaded is None:
+                    st.error("That entry is missing or unreadable.")
+                else:
+                    state.keep_result(target, loaded, {"stored": drift_label(by_key[pick])})
+                    st.rerun()
+
+res_b = st.session_state.get(state.DRIFT_B)
+if res is not None and res_b is not None:
+    st.subheader("Side by side: A (current) and B (pinned)")
+    shared = charts.drift_range(res.to_dict(), res_b.to_dict())
+    cols = st.columns(2)
+    for col, r, name, key in ((cols[0], res, "A", state.DRIFT), (cols[1], res_b, "B", state.DRIFT_B)):
+        with col:
+            figures[f"curves_{name}"] = curves_of(r, True, shared, f"{name}: skipped "
+                                                  f"{describe(r.skip_layers)}, {r.prompt_tokens} tokens")
+            st.plotly_chart(figures[f"curves_{name}"], key=f"drift.cmp.{name}")
+            widgets.made_from(key)
+    table = [{"run": name, "prompt tokens": r.prompt_tokens, "skip set": describe(r.skip_layers),
+              **{charts.COSINE_NAMES[q]: r.block_means()[f"{q}_cos"] for q in charts.COSINES},
+              "mean KL (nats)": sum(r.kl) / len(r.kl) if r.kl else None}
+             for name, r in (("A", res), ("B", res_b))]
+    st.dataframe(table, hide_index=True, key="drift.cmp.table",
+                 column_config={c: st.column_config.NumberColumn(format="%.3f")
+                                for c in list(table[0])[3:]})
+    st.caption("Means over each run's skipped block; the two charts share one y axis.")
+    st.button("Clear B", key="drift.unpin", on_click=lambda: st.session_state.pop(state.DRIFT_B, None))
 
 st.subheader("Drift vs context length")
-c = st.columns([3, 1])
+c = st.columns([3, 1], vertical_alignment="bottom")
 lengths = c[0].multiselect("Prompt lengths (tokens)", [16, 32, 64, 128, 256, 512, 1024, 2048],
-                           [32, 128], key="drift.lengths")
-if c[1].button("Measure vs length", key="drift.len_go", disabled=not lengths):
-    out = guarded("Drift vs length", lambda bar: dr.cached_drift_by_length(
-        lm, sorted(lengths), skip, cfg, progress=bar, notice=st.warning))
-    if out is not None:
-        (rows, hit), summary = out
-        st.session_state[state.DRIFT_LENGTH] = rows
-        st.success("Loaded from the cache." if hit else f"Computed; {summary}.")
+                           key=state.kept("drift.lengths", [32, 128]))
+len_now = {"lengths": sorted(lengths), "skip set": describe(skip), "decode steps": int(steps)}
+if c[1].button("Measure vs length", key="drift.len_go",
+               disabled=not lengths or jobs.running("drift_length")):
+    jobs.start("drift_length", "Drift vs length", lambda p: dr.cached_drift_by_length(
+        lm, sorted(lengths), skip, cfg, progress=p, notice=p.notice), filer(state.DRIFT_LENGTH, "Drift vs length"),
+        context=len_now)
+jobs.panel("drift_length")
 rows = st.session_state.get(state.DRIFT_LENGTH)
 if rows:
-    st.plotly_chart(charts.drift_length_chart(rows), key="drift.length_chart")
+    widgets.made_from(state.DRIFT_LENGTH, len_now, "Measure vs length")
+    figures["vs_length"] = charts.drift_length_chart(rows)
+    st.plotly_chart(figures["vs_length"], key="drift.length_chart")
     st.caption("Prompts are cut from the built-in texts; block means over the skipped layers.")
+
+if res is not None or rows:
+    exports.offer("drift", data={"run": res.to_dict() if res else None,
+                                 "pinned_b": res_b.to_dict() if res_b else None,
+                                 "by_length": rows},
+                  rows=rows or ([{"layer": i, **{q: res.to_dict()[f"{q}_cos"][i]
+                                                 for q in charts.COSINES}}
+                                 for i in range(res.n_layers)] if res else None),
+                  figures=figures)

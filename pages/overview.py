@@ -1,7 +1,7 @@
 """Overview: what POP is, how to read every plot, what runs where, the model card."""
 import streamlit as st
 
-from dashboard import charts, state, widgets
+from dashboard import charts, exports, state, widgets
 
 st.title("Prefill-Only Pruning (POP)")
 st.markdown("""
@@ -24,7 +24,8 @@ n = lm.adapter.n_layers
 skip = state.skip_for(n)
 
 st.subheader("What runs where")
-st.plotly_chart(charts.pop_diagram(n, skip), key="overview.diagram")
+diagram = charts.pop_diagram(n, skip)
+st.plotly_chart(diagram, key="overview.diagram")
 st.caption("Rows are layers, columns positions. Orange cells run only the K/V projection "
            "(≈ a few % of a layer), blue cells the full layer. The skip set is the one chosen on "
            "the *Skip set* page and shown in the sidebar.")
@@ -49,5 +50,8 @@ with st.expander("How to read each page", expanded=True):
 
 st.subheader("Model card")
 card = lm.card()
-st.dataframe([{"field": k, "value": str(v)} for k, v in card.items()], hide_index=True,
-             width="content", key="overview.card")
+rows = [{"field": k, "value": str(v)} for k, v in card.items()]
+st.dataframe(rows, hide_index=True, key="overview.card", width="stretch",
+             column_config={"field": st.column_config.TextColumn(width="small"),
+                            "value": st.column_config.TextColumn(width="large")})
+exports.offer("overview", data=card, rows=rows, figures={"pop_diagram": diagram})

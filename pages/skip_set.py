@@ -1,14 +1,20 @@
-"""Skip set: ratio slider, presets, clickable layer strip, live ideal speedup and FLOP share."""
+"""Skip set: ratio slider, presets, clickable layer strip, layer buttons, live ideal speedup.
+
+Every control writes the one shared skip set (state.SKIP) in a callback and is re-synced from it
+before it is drawn, so a change from any of them (or from the sidebar box) shows everywhere.
+"""
 import streamlit as st
 
-from dashboard import charts, state, widgets
+from dashboard import charts, exports, state, widgets
 from pop_analysis.calibrate import suggest_skip
 from pop_analysis.flops import ideal_speedup, prefill_flop_share
 from pop_analysis.skipset import SkipSetError, describe, last_block, preset
 
+STRIP_V = "lab.strip_version"  # bumped after each strip pick: a fresh chart holds no selection
+
 st.title("Skip set")
 st.markdown("Choose which layers POP skips while reading the prompt. The choice is shared with "
-            "every page (see the sidebar).")
+            "every page (see the sidebar, where it can also be typed).")
 
 lm = widgets.model_or_stop()
 n = lm.adapter.n_layers
@@ -20,9 +26,9 @@ scores = calib.prefill if calib is not None and calib.n_layers == n else None
 def apply(layers, label: str) -> None:
     try:
         state.set_skip(layers, n)
-        state.flash("success", f"Skip set: {label} → layers {describe(state.skip_for(n)) or 'none'}")
+        state.flash("success", f"Skip set: {label} → layers {describe(state.skip_for(n))}")
     except SkipSetError as e:
-        state.flash("error", str(e))
+        state.flash("error", f"Skip set unchanged: {e}")
 
 
 def on_ratio() -> None:
@@ -34,14 +40,36 @@ def on_pills() -> None:
     apply(st.session_state["skipset.pills"] or (), "hand-picked")
 
 
-def adaptive(k: int) -> tuple[int, ...]:
-    return suggest_skip(calib, n_skip=k)["adaptive"].layers
+def on_preset(name: str, label: str) -> None:
+    apply(preset(name, n), label)
+
+
+def on_adaptive() -> None:
+    try:
+        k = max(len(state.skip_for(n)), 1)
+        apply(suggest_skip(calib, n_skip=k)["adaptive"].layers, "adaptive (lowest prefill importance)")
+    except ValueError as e:
+        state.flash("error", f"Adaptive selection failed: {e}")
+
+
+def on_strip(key: str) -> None:
+    """A click toggles the clicked layer; a box replaces the set with the boxed layers."""
+    sel = st.session_state[key].selection
+    picked = sorted({int(p["x"]) for p in sel.points})
+    if not picked:
+        return
+    if sel.box or sel.lasso:
+        apply(picked, "box on the strip (replaces the set)")
+    else:
+        skip = set(state.skip_for(n))
+        apply(sorted(skip ^ set(picked)), f"layer {describe(picked)} toggled on the strip")
+    st.session_state[STRIP_V] = st.session_state.get(STRIP_V, 0) + 1
 
 
 skip = state.skip_for(n)
 tail = skip == last_block(n, len(skip) / n) if skip else True
-st.session_state["skipset.k"] = len(skip)  # the widgets mirror the shared set
-st.session_state["skipset.pills"] = list(skip)
+state.sync("skipset.k", len(skip))  # the widgets mirror the shared set
+state.sync("skipset.pills", list(skip))
 
 st.select_slider("Skip ratio (the deepest layers, as in the paper)", options=list(range(n)),
                  format_func=lambda k: f"{k / n:.0%} · {k} layers", key="skipset.k",
@@ -51,32 +79,25 @@ if not tail:
 
 st.write("Presets")
 cols = st.columns(5)
-if cols[0].button("Paper: last third", key="skipset.paper", width="stretch"):
-    apply(preset("paper", n), "the paper's last third")
-if cols[1].button("Adaptive from scores", key="skipset.adaptive", width="stretch",
-                  disabled=scores is None,
-                  help="the k layers with the lowest prefill importance (calibrate first)"):
-    try:
-        apply(adaptive(max(len(skip), 1)), "adaptive (lowest prefill importance)")
-    except ValueError as e:
-        state.flash("error", f"Adaptive selection failed: {e}")
+cols[0].button("Paper: last third", key="skipset.paper", width="stretch", on_click=on_preset,
+               args=("paper", "the paper's last third"))
+cols[1].button("Adaptive from scores", key="skipset.adaptive", width="stretch",
+               disabled=scores is None, on_click=on_adaptive,
+               help="as many layers as now, those with the lowest prefill importance "
+                    "(calibrate first)")
 for col, name in zip(cols[2:], ("shallow", "interleaved", "none")):
-    if col.button(name.capitalize(), key=f"skipset.{name}", width="stretch"):
-        apply(preset(name, n), name)
+    col.button(name.capitalize(), key=f"skipset.{name}", width="stretch", on_click=on_preset,
+               args=(name, name))
 state.show_flash()
-skip = state.skip_for(n)
 
 st.subheader("Layers")
-event = st.plotly_chart(charts.layer_strip(n, skip, scores), key="skipset.strip",
-                        on_select="rerun", selection_mode=("points", "box"))
-picked = sorted({int(p["x"]) for p in (event.selection.points if event else [])})
-if picked and picked != st.session_state.get("skipset.last_pick"):
-    st.session_state["skipset.last_pick"] = picked
-    chosen = sorted(set(skip) ^ set(picked)) if len(picked) == 1 else picked
-    apply(chosen, "chosen on the strip")
-    st.rerun()
-st.caption("Drag a box over the strip to choose a range (a box around one square toggles it); "
-           "toggle single layers with the buttons below. "
+strip_key = f"skipset.strip.{st.session_state.get(STRIP_V, 0)}"
+fig = charts.layer_strip(n, skip, scores)
+st.plotly_chart(fig, key=strip_key, on_select=lambda: on_strip(strip_key),
+                selection_mode=("points", "box"), config={"displayModeBar": True})
+st.caption("**Click** a square to toggle that layer. For a range, pick the **box tool** (the "
+           "dotted square, top right of the strip) and drag over squares: the boxed layers "
+           "**replace** the skip set. The buttons below toggle single layers. "
            + ("Colour = prefill importance from the last calibration (log scale)."
               if scores is not None else "Calibrate first to colour the strip by importance."))
 st.pills("Toggle layers", options=list(range(n)), selection_mode="multi", key="skipset.pills",
@@ -91,3 +112,9 @@ c[3].metric("Prefill FLOPs still spent @ 512 tok", f"{prefill_flop_share(shape, 
 st.caption("Ideal = full prefill FLOPs / POP prefill FLOPs (matmuls only; the boundary token x_N "
            "runs all layers). Measured speedups on the Generate and Sweeps pages reach 75-95% of "
            "it in the paper.")
+
+rows = [{"layer": i, "skipped": i in skip, "prefill_importance": scores[i] if scores else None}
+        for i in range(n)]
+exports.offer("skip_set", data={"model": lm.name, "n_layers": n, "skip": list(skip),
+                                "layers": rows},
+              rows=rows, figures={"layer_strip": fig})

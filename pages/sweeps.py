@@ -4,9 +4,11 @@ import datetime
 import streamlit as st
 import torch
 
-from dashboard import charts, data, speed, state, widgets
+from dashboard import charts, data, jobs, speed, state, widgets
 from pop_analysis import sweep as sw
 from pop_analysis.allowed_paths import check_source
+from pop_analysis.errors import first_line
+from pop_analysis.progress import duration
 
 st.title("Sweeps: speed vs quality")
 st.markdown("Results of the evaluation sweeps (the CLI fills the same store), each next to the "
@@ -22,30 +24,51 @@ PAPER_FOR = {"ratio": "table4", "adaptive": "table4", "ablation": "table3", "len
 lm = widgets.model_or_stop()
 calib = st.session_state.get(state.CALIBRATION)
 
-with st.expander("Run a sweep", expanded=False):
+def filed(job) -> tuple[str, str]:
+    """File a finished sweep run; say what happened in plain words."""
+    if job.cancelled is not None:
+        part = job.partial
+        if part is None:
+            return "warning", f"Sweep cancelled after {duration(job.seconds)}; no row had finished."
+        state.keep_result(state.SWEEP, part, {**job.context, "partial": f"cancelled; "
+                          f"{len(part.rows)} rows finished (not stored)"})
+        return "warning", (f"Sweep cancelled after {duration(job.seconds)}: showing the "
+                           f"{len(part.rows)} rows that finished (not stored).")
+    if job.error is not None:
+        if isinstance(job.error, torch.OutOfMemoryError):
+            return "error", "Out of memory: use fewer samples or shorter lengths."
+        return "error", f"Sweep failed: {first_line(job.error)}"
+    res, hit = job.result
+    state.keep_result(state.SWEEP, res, job.context)
+    return "success", ("Sweep loaded from the results store." if hit else
+                       f"Sweep finished in {duration(res.seconds)}; stored for next time.")
+
+
+with st.expander("Run a sweep", expanded=jobs.running("sweep")):
     c = st.columns(5)
-    kind = c[0].selectbox("Sweep", list(KINDS), format_func=KINDS.get, key="sw.kind")
-    n_samples = c[1].number_input("Samples", 1, 500, 4, key="sw.n")
-    max_new = c[2].number_input("New tokens", 1, 256, 16, key="sw.len")
-    repeats = c[3].number_input("Timing rounds (at least)", 3, 50, 3, key="sw.rep")
-    dataset = c[4].text_input("Data set", "gsm8k", key="sw.data", help="gsm8k, wizardlm, builtin, a path")
-    if st.button("Run sweep", type="primary", key="sw.go"):
+    kind = c[0].selectbox("Sweep", list(KINDS), format_func=KINDS.get, key=state.kept("sw.kind", "ratio"))
+    n_samples = c[1].number_input("Samples", 1, 500, key=state.kept("sw.n", 4))
+    max_new = c[2].number_input("New tokens", 1, 256, key=state.kept("sw.len", 16))
+    repeats = c[3].number_input("Timing rounds (at least)", 3, 50, key=state.kept("sw.rep", 3))
+    dataset = c[4].text_input("Data set", key=state.kept("sw.data", "gsm8k"),
+                              help="gsm8k, wizardlm, builtin, a path")
+    now = {"sweep": kind, "data set": dataset, "samples": int(n_samples),
+           "new tokens": int(max_new), "timing rounds": int(repeats)}
+    if st.button("Run sweep", type="primary", key="sw.go", disabled=jobs.running("sweep")):
         cfg = sw.SweepConfig(dataset=dataset, n_samples=int(n_samples), max_new_tokens=int(max_new),
                              repeats=int(repeats))
         try:
             check_source(dataset)  # a path typed here must lie in an allowed folder
+        except ValueError as e:
+            st.error(f"Sweep failed: {first_line(e)}")
+        else:
             if kind == "adaptive" and calib is None:
-                raise ValueError("the adaptive sweep needs a calibration: run one on the Calibrate page")
-            with widgets.run_lock(), widgets.ProgressBar(f"Sweep ({kind})") as bar:
-                res, hit = sw.cached_sweep(lm, kind, cfg, progress=bar, calibration=calib,
-                                           notice=st.warning)
-            st.session_state[state.SWEEP] = res
-            st.success("Loaded from the cache." if hit else
-                       f"Computed in {res.seconds:.0f} s; {bar.summary}.")
-        except torch.OutOfMemoryError:
-            st.error("Out of memory: use fewer samples or shorter lengths.")
-        except (ValueError, RuntimeError, OSError) as e:
-            st.error(f"Sweep failed: {e}")
+                st.error("The adaptive sweep needs a calibration: run one on the Calibrate page.")
+            else:
+                jobs.start("sweep", f"Sweep ({kind})", lambda p: sw.cached_sweep(
+                    lm, kind, cfg, progress=p, calibration=calib, notice=p.notice), filed,
+                    context=now)
+    jobs.panel("sweep")
 
 entries = data.stored_entries("sweep")
 if entries:
@@ -62,7 +85,7 @@ if entries:
         if res is None:
             st.error("That entry is missing or unreadable.")
         else:
-            st.session_state[state.SWEEP] = res
+            state.keep_result(state.SWEEP, res, {"stored": label_of(key)})
 
 res = st.session_state.get(state.SWEEP)
 if res is None:
@@ -70,6 +93,7 @@ if res is None:
 else:
     st.subheader(f"{KINDS.get(res.kind, res.kind)} — {res.model}")
     st.caption(f"{res.data} · {res.device} · {res.threads} threads · {res.seconds:.0f} s")
+    widgets.made_from(state.SWEEP, now, "Run sweep")
     rows = res.rows
     t4, t2 = sw.PAPER_TABLES["table4"], sw.PAPER_TABLES["table2"]
     if res.kind in ("ratio", "adaptive") and rows:

@@ -25,7 +25,7 @@ from .gates import (DECODE, StageGates, frozen_weights, gated, layer_ticks, mayb
                     stage_map, stage_means)
 from .generate import check_sampling, encode
 from .pop import check_prompt
-from .progress import Tracker
+from .progress import Cancelled, Tracker
 from .suggest import Suggestion, suggest_skip  # noqa: F401 - part of this module's API
 
 KIND = "calibration"
@@ -236,11 +236,21 @@ def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = Cali
         check_prompt(lm.adapter, len(p), cfg.max_new_tokens)
     n = len(prompt_ids)
     n_loo = min(cfg.loo_samples, n)
-    tracker = Tracker(n + n_loo, progress, "sampling responses")
-    responses, grads = _taylor_pass(lm, prompt_ids, cfg, tracker)
+    batches = -(-n // cfg.batch_size)
+    plan = {"sampling": batches * cfg.max_new_tokens, "gradients": n, "leave-one-out": n_loo}
+    tracker = Tracker(n + n_loo, progress, "sampling responses", plan=plan)
     loo = None
-    if n_loo:
-        loo = _loo_pass(lm, prompt_ids, responses, n_loo, 2 * cfg.batch_size, tracker)
+    try:
+        responses, grads = _taylor_pass(lm, prompt_ids, cfg, tracker)
+        if n_loo:
+            loo = _loo_pass(lm, prompt_ids, responses, n_loo, 2 * cfg.batch_size, tracker)
+    except Cancelled as c:  # keep the finished samples (all of them when LOO was running)
+        done, responses, grads = c.partial or (list(range(n)), responses, grads)
+        if not done:
+            raise c.keep(None) from None
+        raise c.keep(_result(lm, dataset, fingerprint, cfg, [prompt_ids[i] for i in done],
+                             [responses[i] for i in done], {k: v[done] for k, v in grads.items()},
+                             None, 0, time.perf_counter() - t0)) from None
     seconds = time.perf_counter() - t0
     return _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_loo, seconds)
 
@@ -254,24 +264,36 @@ def _taylor_pass(lm, prompt_ids, cfg: CalibrationConfig, tracker: Tracker):
     keys = ("prefill", "decode", "loss", "bi_prefill", "bi_decode")
     # float64 holds float32 gradients exactly and keeps a float64 model's
     grads = {k: torch.zeros((n, L) if k != "loss" else (n,), dtype=torch.float64) for k in keys}
-    for j, idx in enumerate(batches):
-        head = f"batch {j + 1}/{len(batches)}"
-        tick = _throttled(tracker)
-        tracker.step(0, f"{head}: prefill")
-        gates = StageGates.ones(len(idx), L, device=lm.adapter.device,
-                                dtype=torch.promote_types(lm.dtype, torch.float32))
-        part, extra = sample_and_gradients(
-            lm, [prompt_ids[i] for i in idx], [sample_seed(cfg.seed, i) for i in idx], cfg, gates,
-            influence=True, tick=lambda m: tick(f"{head}: {m}"),
-            on_step=lambda step: tick(f"{head}: sampling token {step + 1}"))
-        g = {"prefill": gates.prefill.grad.detach().cpu(),
-             "decode": gates.decode.grad.detach().cpu(), **extra}
-        for k in keys:
-            grads[k][idx] = g[k].to(grads[k].dtype)
-        for i, r in zip(idx, part):
-            responses[i] = r
-        tracker.step(len(idx), f"batch {j + 1}/{len(batches)} done")
+    finished: list[int] = []
+    try:
+        for j, idx in enumerate(batches):
+            head = f"batch {j + 1}/{len(batches)}"
+            tick = _throttled(tracker)
+            tracker.step(0, f"{head}: prefill")
+            gates = StageGates.ones(len(idx), L, device=lm.adapter.device,
+                                    dtype=torch.promote_types(lm.dtype, torch.float32))
+            part, extra = sample_and_gradients(
+                lm, [prompt_ids[i] for i in idx], [sample_seed(cfg.seed, i) for i in idx], cfg,
+                gates, influence=True, tick=lambda m: tick(f"{head}: {m}"),
+                on_step=lambda step: _sampled(tracker, tick, f"{head}: sampling token {step + 1}"))
+            tracker.plan["sampling"] -= cfg.max_new_tokens - max(map(len, part))  # EOS came early
+            g = {"prefill": gates.prefill.grad.detach().cpu(),
+                 "decode": gates.decode.grad.detach().cpu(), **extra}
+            for k in keys:
+                grads[k][idx] = g[k].to(grads[k].dtype)
+            for i, r in zip(idx, part):
+                responses[i] = r
+            finished += idx
+            tracker.step(len(idx), f"{head} done", kind="gradients")
+    except Cancelled as c:  # calibrate_ids builds a result from the finished samples
+        raise c.keep((sorted(finished), responses, grads))
     return responses, grads
+
+
+def _sampled(tracker: Tracker, tick, message: str) -> None:
+    """One sampled token: a unit of the tracker's "sampling" work (checks for cancellation)."""
+    tracker.step(0, kind="sampling", weight=1)
+    tick(message)
 
 
 def _loo_pass(lm, prompt_ids, responses, n_loo: int, rows_per_pass: int, tracker: Tracker) -> dict:
@@ -279,7 +301,7 @@ def _loo_pass(lm, prompt_ids, responses, n_loo: int, rows_per_pass: int, tracker
     for i in range(n_loo):
         tracker.step(0, f"leave-one-out sample {i + 1}/{n_loo}")
         rows.append(leave_one_out(lm, prompt_ids[i], responses[i], rows_per_pass))
-        tracker.step(1)
+        tracker.step(1, kind="leave-one-out")
     return {k: torch.stack([r[k] for r in rows]) for k in ("prefill", "decode")}  # (K, L) each
 
 

@@ -29,7 +29,7 @@ from .adapter import DecoderAdapter
 from .data import BUILTIN_NAME, jsonl_records, load_prompts
 from .errors import InputError
 from .pop import check_prompt, decode_step, repair_maps, run_prompt
-from .progress import Tracker
+from .progress import Cancelled, Tracker
 from .readers import read_text
 from .records import check
 
@@ -465,10 +465,19 @@ def _by_length(lm, lengths, skip, cfg: DriftConfig, texts: list[str], name: str,
     prompts, repeated = length_prompts(lm, list(lengths), texts)
     for ids in prompts:  # every length is checked before the first one runs
         _check(lm.adapter, len(ids), skip, cfg)
-    tracker = Tracker(2 * cfg.decode_steps * len(prompts), progress, "drift by length")
-    rows = []
+    # A prompt step costs its prefill (weight: its tokens), a decode step about one token.
+    plan = {"prompt": 2.0 * sum(lengths), "decode": 2.0 * (cfg.decode_steps - 1) * len(lengths)}
+    tracker = Tracker(2 * cfg.decode_steps * len(prompts), progress, "drift by length", plan=plan)
+    rows: list[dict] = []
     for n, ids in zip(lengths, prompts):
-        r = _drift(lm, ids, skip, cfg, lambda msg, n=n: tracker.step(1, f"{n} tokens, {msg}"))
+        def tick(msg, n=n):
+            prompt = msg.endswith(": prompt")  # _run's message after a variant's prefill
+            tracker.step(1, f"{n} tokens, {msg}", kind="prompt" if prompt else "decode",
+                         weight=n if prompt else 1)
+        try:
+            r = _drift(lm, ids, skip, cfg, tick)
+        except Cancelled as c:
+            raise c.keep(rows or None)  # the lengths finished so far
         rows.append({"length": n, **r.block_means(), "kl": _mean(r.kl),
                      "top1_agree": _mean(r.top1_agree),
                      "v_min": min(_nums(r.v_min[i] for i in (r.skip_layers or range(r.n_layers))),

@@ -1,12 +1,45 @@
-"""Progress reporting for long runs: a callback the UI or the CLI plugs in.
+"""Progress reporting, ETA and cancellation for long runs: a callback the UI or the CLI plugs in.
 
 A callback is `progress(update: Progress) -> None`; library loops call `tracker.step()`.
+
+ETA. Units of one run rarely cost the same (a sweep's timing round costs ten greedy items; the
+first decode step of a 2048-token drift run holds its prefill), so a plain elapsed/done * left
+goes wrong by a factor of ten. An engine that knows its structure declares a `plan`: the cost
+weight of each kind of work ({"reference": 8, "quality": 48, "timing": 6}, or weights in tokens);
+each counted step names its kind and weight. The tracker measures seconds per weight for each
+kind and sums what is left; kinds not measured yet are named in `Progress.unmeasured`, so the UI
+says "more after X" instead of a number it cannot know. Without a plan the estimate uses the
+rate of the most recent units.
+
+Cancellation. A callback object with a `cancel_event` (a threading.Event, see `Monitor`) stops
+the run at the next `tracker.step()`: the step raises `Cancelled`. Engines that can keep what
+finished catch it and re-raise it with `partial` set (rows done so far, a result over the
+finished samples); the rest simply stop.
 """
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
+
+RECENT = 5  # units in the recent-rate window (no plan)
+
+
+class Cancelled(Exception):
+    """The run was stopped on request; `partial` holds what finished (None: nothing usable)."""
+
+    def __init__(self, message: str = "cancelled", partial=None, done: int = 0, total: int = 0):
+        super().__init__(message)
+        self.partial = partial  # engine-specific: rows so far, a result over finished samples
+        self.done, self.total = done, total  # units finished when it stopped
+
+    def keep(self, partial) -> "Cancelled":
+        """The same cancellation carrying `partial` (engines re-raise it from their loops)."""
+        self.partial = partial
+        return self
 
 
 @dataclass(frozen=True)
@@ -15,6 +48,8 @@ class Progress:
     total: int  # units in all
     elapsed_s: float  # since the start
     message: str = ""  # what is running now
+    remaining_s: float | None = None  # estimate from measured unit costs; None: nothing measured
+    unmeasured: tuple[str, ...] = ()  # kinds of work ahead whose cost is not measured yet
 
     @property
     def fraction(self) -> float:
@@ -22,29 +57,163 @@ class Progress:
 
     @property
     def eta_s(self) -> float | None:
-        if self.done <= 0 or self.total <= 0:
-            return None
-        return self.elapsed_s / self.done * (self.total - self.done)
+        """Seconds left when this update was made (None until a unit has been measured)."""
+        return self.remaining_s
 
 
 class Tracker:
-    """Counts units and forwards a Progress to `callback` (if any) after each step."""
+    """Counts units, estimates the time left, forwards a Progress to `callback` after each step
+    and raises Cancelled at a step once the callback's `cancel_event` is set."""
 
-    def __init__(self, total: int, callback=None, message: str = ""):
+    def __init__(self, total: int, callback=None, message: str = "", plan: dict | None = None,
+                 cancel=None):
         self.total, self.callback, self.message = total, callback, message
+        self.plan = {k: float(w) for k, w in (plan or {}).items()}  # kind -> weight in all
+        self.cancel = cancel if cancel is not None else getattr(callback, "cancel_event", None)
         self.done = 0
-        self.t0 = time.perf_counter()
+        self.t0 = self.last = time.perf_counter()  # start; time of the last counted step
+        self.spent: dict[str, list[float]] = {}  # kind -> [weight done, seconds spent]
+        self.recent: deque = deque(maxlen=RECENT)  # (units, seconds) of the latest counted steps
         self._emit()
 
-    def step(self, n: int = 1, message: str | None = None) -> None:
-        self.done += n
+    def step(self, n: int = 1, message: str | None = None, kind: str | None = None,
+             weight: float | None = None) -> None:
+        """Count n units (0: only a new message) of `kind` costing `weight` (default n)."""
+        self.check()
+        now = time.perf_counter()
         if message is not None:
             self.message = message
+        if n or weight:
+            seconds, self.last = now - self.last, now
+            self.done += n
+            w = float(n if weight is None else weight)
+            if kind is not None and w > 0:
+                acc = self.spent.setdefault(kind, [0.0, 0.0])
+                acc[0] += w
+                acc[1] += seconds
+            if n:
+                self.recent.append((n, seconds))
         self._emit()
+
+    def costed(self, kind: str, per_unit: float) -> "Costed":
+        """A view of this tracker whose counted steps are `kind` work costing `per_unit` each
+        (for helpers that only call step(n, message))."""
+        return Costed(self, kind, per_unit)
+
+    def check(self) -> None:
+        """Raise Cancelled when cancellation was asked for."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled(f"cancelled after {self.done}/{self.total} {self.message}".strip(),
+                            done=self.done, total=self.total)
+
+    def remaining(self) -> tuple[float | None, tuple[str, ...]]:
+        """(seconds left by measured rates, kinds still ahead that have no measured rate)."""
+        if self.plan:
+            left, unknown = 0.0, []
+            for kind, total in self.plan.items():
+                w_done, secs = self.spent.get(kind, (0.0, 0.0))
+                ahead = max(total - w_done, 0.0)
+                if ahead <= 0:
+                    continue
+                if w_done > 0:
+                    left += ahead * secs / w_done
+                else:
+                    unknown.append(kind)
+            measured = any(k in self.spent for k in self.plan)
+            return (left if measured else None), tuple(unknown)
+        units = sum(u for u, _ in self.recent)
+        if not units:
+            return None, ()
+        return (self.total - self.done) * sum(s for _, s in self.recent) / units, ()
 
     def _emit(self) -> None:
         if self.callback is not None:
-            self.callback(Progress(self.done, self.total, time.perf_counter() - self.t0, self.message))
+            left, unknown = self.remaining()
+            self.callback(Progress(self.done, self.total, time.perf_counter() - self.t0,
+                                   self.message, left, unknown))
+
+
+class Costed:
+    """Tracker.costed's view: step(n, message) counts n units of one kind of work."""
+
+    def __init__(self, tracker: Tracker, kind: str, per_unit: float):
+        self.tracker, self.kind, self.per_unit = tracker, kind, per_unit
+
+    def step(self, n: int = 1, message: str | None = None) -> None:
+        self.tracker.step(n, message, kind=self.kind, weight=n * self.per_unit)
+
+
+@contextmanager
+def keeping(partial):
+    """Inside the block a cancellation is re-raised carrying `partial()`: what finished."""
+    try:
+        yield
+    except Cancelled as c:
+        raise c.keep(partial()) from None
+
+
+class Monitor:
+    """A progress callback for a run on another thread: keeps the latest Progress and when it
+    came, holds the cancel flag the run's Tracker checks, and collects the run's notices (one
+    line each: an ignored stored entry, a result that could not be stored). Thread-safe; no UI."""
+
+    def __init__(self):
+        self.cancel_event = threading.Event()
+        self.started = time.perf_counter()
+        self.updates = 0  # Progress updates received
+        self._lock = threading.Lock()
+        self._last: Progress | None = None
+        self._at = self.started  # when the last update arrived
+        self.notices: list[str] = []  # lines the run wants the user to read
+
+    def __call__(self, update: Progress) -> None:
+        with self._lock:
+            self._last, self._at = update, time.perf_counter()
+            self.updates += 1
+
+    def notice(self, line: str) -> None:
+        """The run's `notice` callback: kept for the page to show."""
+        with self._lock:
+            self.notices.append(line)
+
+    def cancel(self) -> None:
+        self.cancel_event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def snapshot(self) -> tuple[Progress | None, float, float | None]:
+        """(latest Progress, seconds since the start, seconds left now): the estimate counts
+        down between updates and never below zero."""
+        with self._lock:
+            p, at = self._last, self._at
+        now = time.perf_counter()
+        eta = None
+        if p is not None and p.eta_s is not None:
+            eta = max(p.eta_s - (now - at), 0.0)
+        return p, now - self.started, eta
+
+
+def describe_eta(eta_s: float | None, unmeasured: tuple[str, ...] = ()) -> str:
+    """Plain words for an estimate: 'about 2 min 5 s left', '... (+ timing, not yet measured)'."""
+    if eta_s is None:
+        return "estimating the time left ..."
+    text = "under a second" if eta_s < 1 else f"about {duration(eta_s)}"
+    if unmeasured:
+        return f"{text} left, plus the {' and '.join(unmeasured)} (not timed yet)"
+    return f"{text} left"
+
+
+def duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m} min {s} s" if s else f"{m} min"
+    h, m = divmod(m, 60)
+    return f"{h} h {m} min"
 
 
 def terminal_bar(update: Progress) -> None:
@@ -52,6 +221,8 @@ def terminal_bar(update: Progress) -> None:
     width = 30
     filled = int(width * update.fraction)
     eta = f" ETA {update.eta_s:5.0f}s" if update.eta_s is not None else ""
+    if update.unmeasured:
+        eta += "+"
     sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {update.done}/{update.total}"
                      f"{eta} {update.message[:40]:<40}")
     if update.done >= update.total:

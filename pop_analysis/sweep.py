@@ -22,7 +22,7 @@ from .evalsets import load_eval_set
 from .evaluate import FULL
 from .models import LoadedModel
 from .items import EvalSet
-from .progress import Tracker
+from .progress import Tracker, keeping
 from .quality import too_few_note
 from .records import check
 from .retrieval import RetrievalConfig, RetrievalError, retrieval_items
@@ -159,7 +159,8 @@ def _row(lm, kind, name, engine, skip, quality: dict, cfg, tracker, length) -> S
     n_layers = lm.adapter.n_layers
     tick = lambda: tracker.step(0, message=f"{kind}: timing {name}")  # noqa: E731
     speed = speed_fields(lm, engine, skip, length, timing_config(cfg), tick)
-    tracker.step(message=f"{kind}: timed {name}")
+    timed = engine != "full" and bool(skip)  # the tracker plan's "timing" work
+    tracker.step(message=f"{kind}: timed {name}", kind="timing" if timed else None, weight=length)
     q = dict(quality)
     declared = {f.name for f in dataclasses.fields(SweepRow)}
     nan = float("nan")
@@ -175,10 +176,18 @@ def _prepare(lm, cfg, evalset, runs, progress, message):
     timing_config(cfg)  # bad timing settings fail before any evaluation
     evalset = evalset or load_eval_set(lm, cfg.dataset, cfg.n_samples, seed=cfg.seed)
     n_eval = len({run_key(e, s) for e, s in runs} | {FULL.name})
-    tracker = Tracker(len(evalset.items) * n_eval + len(runs), progress, message)
+    n, w = len(evalset.items), cfg.bench_tokens  # ETA: costs by kind, weighted by tokens
+    tracker = Tracker(n * n_eval + len(runs), progress, message, plan={
+        "evaluation": n * n_eval * w, "timing": sum(w for e, s in runs if e != "full" and s)})
     greedy = cfg.greedy or evalset.kind == "retrieval"  # retrieval answers need generation
-    scores = evaluate_runs(lm, evalset.items, runs, cfg.max_new_tokens, tracker, message, greedy)
+    scores = evaluate_runs(lm, evalset.items, runs, cfg.max_new_tokens,
+                           tracker.costed("evaluation", cfg.bench_tokens), message, greedy)
     return evalset, scores, tracker
+
+
+def _kept(lm, kind, rows, cfg, t0, evalset=None):
+    """What a cancelled sweep keeps: a result of the rows finished so far (None: no row)."""
+    return keeping(lambda: _result(lm, kind, rows, cfg, t0, evalset) if rows else None)
 
 
 def _result(lm, kind, rows, cfg, t0, evalset=None) -> SweepResult:
@@ -206,12 +215,13 @@ def ratio_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=None
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ratio sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
     rows = []
-    for r, engine, skip in named:
-        row = _row(lm, "ratio", engine, engine, skip,
-                   row_quality(scores, run_key(engine, skip), n, answers), cfg, tracker,
-                   cfg.bench_tokens)
-        row.skip_ratio = float(r)  # the ratio asked for; skip_layers says what it rounded to
-        rows.append(row)
+    with _kept(lm, "ratio", rows, cfg, t0, evalset):
+        for r, engine, skip in named:
+            row = _row(lm, "ratio", engine, engine, skip,
+                       row_quality(scores, run_key(engine, skip), n, answers), cfg, tracker,
+                       cfg.bench_tokens)
+            row.skip_ratio = float(r)  # the ratio asked for; skip_layers says what it rounded to
+            rows.append(row)
     return _result(lm, "ratio", rows, cfg, t0, evalset)
 
 
@@ -239,9 +249,11 @@ def ablation_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=N
         attach_repairs(lm, [preset("paper", n_layers)], cfg.repair)
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ablation sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
-    rows = [_row(lm, "ablation", name, engine, skip, row_quality(scores, run_key(engine, skip), n, answers),
-                 cfg, tracker, cfg.bench_tokens)
-            for name, (engine, skip) in zip(cfg.variants, runs)]
+    rows: list = []
+    with _kept(lm, "ablation", rows, cfg, t0, evalset):
+        for name, (engine, skip) in zip(cfg.variants, runs):
+            rows.append(_row(lm, "ablation", name, engine, skip, row_quality(
+                scores, run_key(engine, skip), n, answers), cfg, tracker, cfg.bench_tokens))
     return _result(lm, "ablation", rows, cfg, t0, evalset)
 
 
@@ -257,16 +269,19 @@ def length_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=Non
     skip = preset("paper", lm.adapter.n_layers)
     sets = {n: _retrieval_or_none(lm, cfg, n) for n in cfg.lengths}
     n_items = sum(len(v) for v in sets.values())
-    tracker = Tracker(2 * n_items + len(cfg.lengths), progress, "length sweep")
+    plan = {"evaluation": 2.0 * sum(n * len(v) for n, v in sets.items()),
+            "timing": float(sum(cfg.lengths))}  # weights in tokens: 2048 is not 32
+    tracker = Tracker(2 * n_items + len(cfg.lengths), progress, "length sweep", plan=plan)
     rows = []
-    for n, items in sets.items():
-        scores = evaluate_runs(lm, items, [("pop", skip)], cfg.retrieval_new_tokens, tracker,
-                           f"length {n}")
-        quality = row_quality(scores, run_key("pop", skip), len(items), "retrieval_acc")
-        row = _row(lm, "length", "pop", "pop", skip, quality, cfg, tracker, n)
-        if items:
-            row.item_tokens = round(statistics.fmean(len(i.prompt_ids) for i in items))
-        rows.append(row)
+    with _kept(lm, "length", rows, cfg, t0):
+        for n, items in sets.items():
+            scores = evaluate_runs(lm, items, [("pop", skip)], cfg.retrieval_new_tokens,
+                                   tracker.costed("evaluation", n), f"length {n}")
+            quality = row_quality(scores, run_key("pop", skip), len(items), "retrieval_acc")
+            row = _row(lm, "length", "pop", "pop", skip, quality, cfg, tracker, n)
+            if items:
+                row.item_tokens = round(statistics.fmean(len(i.prompt_ids) for i in items))
+            rows.append(row)
     return _result(lm, "length", rows, cfg, t0)
 
 
@@ -311,9 +326,11 @@ def adaptive_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), calibratio
     runs = [(engine, skip) for _, engine, skip in named]
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "adaptive sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
-    rows = [_row(lm, "adaptive", name, engine, skip, row_quality(scores, run_key(engine, skip), n, answers),
-                 cfg, tracker, cfg.bench_tokens)
-            for name, engine, skip in named]
+    rows: list = []
+    with _kept(lm, "adaptive", rows, cfg, t0, evalset):
+        for name, engine, skip in named:
+            rows.append(_row(lm, "adaptive", name, engine, skip, row_quality(
+                scores, run_key(engine, skip), n, answers), cfg, tracker, cfg.bench_tokens))
     return _result(lm, "adaptive", rows, cfg, t0, evalset)
 
 

@@ -1,6 +1,8 @@
 """Pure figure builders and the generation comparison helpers (no streamlit, no model)."""
 import math
 
+import pytest
+
 from dashboard import charts
 from dashboard.streaming import agreement
 
@@ -113,3 +115,65 @@ def test_sweep_table_leads_with_length_and_marks_flagged_speed():
     assert list(table["prefill speedup"]) == ["1.30×", "⚠ 8.08×"]
     assert list(table["IQR"]) == ["1.25–1.35", "1.10–9.00"] and list(table["rounds"]) == [5, 3]
     assert list(table["timing note"]) == ["", "8.08x is more than 10% above the ideal 1.43x"]
+
+
+def test_block_influence_has_its_own_right_axis_title():
+    fig = charts.importance_chart([1, 2], [2, 1], log=True, bands=False,
+                                  block_influence={"prefill": [0.1, 0.2], "decode": [0.3, 0.1]})
+    assert fig.layout.yaxis2.title.text.startswith("block influence")
+    assert fig.layout.yaxis2.type == "linear", "the log toggle is for importance only"
+    assert fig.layout.yaxis.title.text.startswith("importance")
+
+
+def test_log_axis_draws_zeros_at_a_floor_and_says_so():
+    fig = charts.importance_chart([0.0, 1e-3, 1e-1], [1e-2, 0.0, 1.0], log=True, bands=False)
+    means = [t for t in fig.data if t.name.endswith("importance")]
+    for t in means:
+        assert min(t.y) > 0, "no point below the log axis"
+    floor = min(means[0].y)
+    assert floor == pytest.approx(1e-4), "a decade below the smallest positive value"
+    assert list(means[0].marker.symbol)[0] == "triangle-down"
+    assert list(means[0].customdata)[0] == 0.0, "the hover shows the true value"
+    assert any(t.name == "0: drawn at the floor" for t in fig.data)
+
+
+def test_linear_bands_stay_at_or_above_zero():
+    fig = charts.importance_chart([1.0, 0.5], [0.2, 0.1], [3.0, 2.0], [1.0, 1.0], log=False,
+                                  bands=True)
+    for band in (t for t in fig.data if t.name.endswith("std")):
+        assert min(band.y) >= 0.0, band.name
+
+
+def test_overlays_add_two_lines_per_stored_calibration():
+    over = [{"label": f"run {i}", "prefill": [1.0, 2.0], "decode": [2.0, 1.0]} for i in range(5)]
+    fig = charts.importance_chart([1, 2], [2, 1], overlays=over, bands=False)
+    names = [t.name for t in fig.data]
+    assert sum(n.startswith("run ") for n in names) == 10
+    assert "run 3 · decode" in names
+
+
+def test_attention_heatmap_axis_names_decode_steps():
+    fig = charts.drift_heatmap([[1.0, 0.9]], None, "t", x_title="decode step (0 = x_N)")
+    assert fig.layout.xaxis.title.text.startswith("decode step")
+
+
+def test_a_flat_kl_reads_flat():
+    """0.14079 vs 0.141137 must not fill the whole axis."""
+    fig = charts.decode_steps_chart([0.14079, 0.141137, 0.1409], [1.0, 1.0, 1.0])
+    lo, hi = fig.layout.yaxis.range
+    assert lo >= 0 and hi - lo >= 0.2 * 0.141
+    assert fig.layout.yaxis.tickformat == ".3~g"
+    rows = [{"length": n, "hidden_cos": 0.9, "k_cos": 0.8, "v_cos": 0.7, "attn_out_cos": 0.99,
+             "kl": kl} for n, kl in ((16, 0.14079), (32, 0.141137))]
+    lo, hi = charts.drift_length_chart(rows).layout.yaxis2.range
+    assert hi - lo >= 0.2 * 0.141
+
+
+def test_padded_range_and_floor_helpers():
+    from dashboard.axes import clip_to_floor, log_floor, padded_range
+
+    assert log_floor([0.0, 2.0, 5.0]) == pytest.approx(0.2)
+    assert log_floor([0.0]) is None
+    assert clip_to_floor([0.0, 1.0], 0.1) == ([0.1, 1.0], [0])
+    assert padded_range([0.5, 1.0], lower=0.0)[0] >= 0.0
+    assert padded_range([]) is None

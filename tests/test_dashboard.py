@@ -5,6 +5,7 @@ so the tests neither read nor pollute the repository's cache/results.
 """
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,21 @@ def goto(at: AppTest, page: str) -> AppTest:
 
 def charts(at: AppTest) -> list:
     return at.get("plotly_chart")
+
+
+def wait_jobs(at: AppTest, timeout: float = 300) -> AppTest:
+    """Rerun until the session's background runs have finished and been filed."""
+    end = time.time() + timeout
+    while at.session_state["lab.jobs"] if "lab.jobs" in at.session_state else False:
+        assert time.time() < end, "a background run did not finish"
+        time.sleep(0.3)
+        at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def notes(at: AppTest) -> str:
+    return texts(list(at.success) + list(at.warning) + list(at.error) + list(at.info))
 
 
 def texts(elements) -> str:
@@ -101,19 +117,21 @@ def test_calibration_draws_importance_and_reloads_from_cache_fast():
     at = goto(app(), "calibrate")
     at.number_input(key="cal.n").set_value(2)
     at.number_input(key="cal.len").set_value(8)
-    at.button(key="cal.go").click().run()
+    wait_jobs(at.button(key="cal.go").click().run())
     assert not at.exception and not at.error, texts(at.error)
-    assert "Computed in" in texts(at.success)
-    assert re.search(r"\d+ engine progress updates", texts(at.success))
+    msg = texts(at.success)
+    assert re.search(r"2 samples in \d+ s \([\d.]+ samples/s\); stored for next time", msg), msg
     assert len(charts(at)) == 1, "the importance chart"
     res = at.session_state["lab.calibration"]
     assert res.n_samples == 2 and len(res.prefill) == 30 and len(res.decode) == 30
+    assert "Made from: model smollm2-135m · data built-in prompts · samples 2" in texts(at.caption)
     # The same request again comes from the store.
-    at.button(key="cal.go").click().run()
-    msg = texts(at.success)
-    assert "Loaded from the cache" in msg
-    assert re.search(r"in \d+ ms", msg), msg  # the time is shown; its size is a benchmark figure
+    wait_jobs(at.button(key="cal.go").click().run())
+    assert "loaded from the results store" in texts(at.success)
     assert len(charts(at)) == 1
+    # Changing an input marks the shown result stale.
+    at.number_input(key="cal.len").set_value(9).run()
+    assert "Stale: the response tokens changed" in texts(at.warning)
     # The skip-set strip is now coloured by importance and "adaptive" is enabled.
     goto(at, "skip_set")
     assert not at.button(key="skipset.adaptive").disabled
@@ -195,16 +213,25 @@ def test_drift_page_draws_the_curves():
     at = goto(app(), "drift")
     at.selectbox(key="drift.example").set_value("short: arithmetic").run()
     at.number_input(key="drift.steps").set_value(2)
-    at.button(key="drift.go").click().run()
+    wait_jobs(at.button(key="drift.go").click().run())
     assert not at.exception and not at.error, texts(at.error)
     res = at.session_state["lab.drift"]
     assert res.skip_layers == list(range(20, 30)) and len(res.kl) == 2
     assert len(charts(at)) == 3, "cosine curves, heatmap, decode steps"
     at.multiselect(key="drift.lengths").set_value([16, 32])
-    at.button(key="drift.len_go").click().run()
+    wait_jobs(at.button(key="drift.len_go").click().run())
     assert not at.exception and not at.error, texts(at.error)
     assert [r["length"] for r in at.session_state["lab.drift_by_length"]] == [16, 32]
     assert len(charts(at)) == 4
+    # Pin the run as B, measure another skip set as A: both side by side.
+    at.button(key="drift.pin").click().run()
+    at.text_input(key="w.skip").set_value("25-29").run()
+    assert "Stale: the skip set changed" in texts(at.warning)
+    wait_jobs(at.button(key="drift.go").click().run())
+    assert at.session_state["lab.drift"].skip_layers == [25, 26, 27, 28, 29]
+    assert at.session_state["lab.drift_b"].skip_layers == list(range(20, 30))
+    assert len(charts(at)) == 6, "A's three charts, A and B side by side, drift vs length"
+    assert at.dataframe, "the block-mean table of A and B"
 
 
 def test_sweeps_page_loads_a_stored_sweep_beside_the_paper(embedded):
@@ -252,3 +279,101 @@ def test_unload_then_load_again():
     at.sidebar.button[0].click().run()  # Load model (embedded)
     assert not at.exception
     assert charts(at) and len(load_log()) == loads + 1
+
+
+# ---------- one skip set, many widgets ----------
+
+def shown_everywhere(at: AppTest, want: tuple[int, ...]) -> None:
+    """Every skip-set widget and label on the Skip set page reads `want`."""
+    from pop_analysis.skipset import describe
+
+    assert at.session_state["lab.skip"] == want
+    assert at.select_slider(key="skipset.k").value == len(want), "slider"
+    assert list(at.pills(key="skipset.pills").value) == list(want), "layer buttons"
+    assert at.text_input(key="w.skip").value == describe(want).replace(" ", ""), "sidebar box"
+    assert f"Skip set:** {describe(want)} ({len(want)}/30" in texts(at.sidebar.markdown), "badge"
+    assert next(m for m in at.metric if m.label == "Layers skipped").value == f"{len(want)} / 30"
+    assert at.query_params["skip"] == describe(want).replace(" ", ""), "the link"
+
+
+def test_each_skip_set_widget_writes_the_one_shared_set():
+    at = goto(app(), "skip_set")
+    at.button(key="skipset.shallow").click().run()  # a preset
+    shown_everywhere(at, tuple(range(10)))
+    at.pills(key="skipset.pills").set_value(list(range(10)) + [15]).run()  # a layer button
+    shown_everywhere(at, tuple(range(10)) + (15,))
+    at.select_slider(key="skipset.k").set_value(4).run()  # the ratio slider
+    shown_everywhere(at, (26, 27, 28, 29))
+    at.text_input(key="w.skip").set_value("3,5-6").run()  # the sidebar box
+    shown_everywhere(at, (3, 5, 6))
+    at.text_input(key="w.skip").set_value("3,99").run()  # impossible: nothing changes
+    assert "Skip set unchanged" in texts(at.sidebar.error)
+    shown_everywhere(at, (3, 5, 6))
+    at.button(key="skipset.none").click().run()
+    shown_everywhere(at, ())
+    # A page drawn later shows the same set.
+    goto(at, "drift")
+    assert "layers none (0/30)" in texts(at.caption)
+
+
+def test_inputs_survive_page_changes():
+    at = goto(app(), "drift")
+    at.text_area(key="drift.prompt").set_value("Kept across pages?").run()
+    at.number_input(key="drift.steps").set_value(3).run()
+    at.multiselect(key="drift.lengths").set_value([64]).run()
+    goto(at, "calibrate")
+    at.radio(key="cal.kind").set_value("local path").run()
+    at.text_input(key="cal.path").set_value("/tmp/prompts.jsonl").run()
+    at.number_input(key="cal.n").set_value(5).run()
+    goto(at, "sweeps")
+    at.number_input(key="sw.n").set_value(7).run()
+    at.text_input(key="sw.data").set_value("wizardlm").run()
+    goto(at, "overview")
+    goto(at, "drift")
+    assert at.text_area(key="drift.prompt").value == "Kept across pages?"
+    assert at.number_input(key="drift.steps").value == 3
+    assert at.multiselect(key="drift.lengths").value == [64]
+    goto(at, "calibrate")
+    assert at.radio(key="cal.kind").value == "local path"
+    assert at.text_input(key="cal.path").value == "/tmp/prompts.jsonl"
+    assert at.number_input(key="cal.n").value == 5
+    goto(at, "sweeps")
+    assert at.number_input(key="sw.n").value == 7 and at.text_input(key="sw.data").value == "wizardlm"
+
+
+def test_a_link_reopens_the_same_model_and_skip_set():
+    at = goto(app(), "skip_set")
+    at.text_input(key="w.skip").set_value("4,7-9").run()
+    link = {k: at.query_params[k] for k in at.query_params}
+    assert link == {"model": "smollm2-135m", "skip": "4,7-9"}
+    again = AppTest.from_file(APP, default_timeout=300)
+    for k, v in link.items():
+        again.query_params[k] = v
+    again.run()
+    assert not again.exception
+    assert again.session_state["lab.skip"] == (4, 7, 8, 9)
+    assert "Skip set:** 4, 7-9 (4/30" in texts(again.sidebar.markdown)
+    bad = AppTest.from_file(APP, default_timeout=300)
+    bad.query_params["skip"] = "28-40"
+    bad.run()
+    assert not bad.exception and bad.session_state["lab.skip"] == tuple(range(20, 30))
+
+
+def test_cancel_keeps_the_lengths_that_finished():
+    at = goto(app(), "drift")
+    at.number_input(key="drift.steps").set_value(2)
+    at.multiselect(key="drift.lengths").set_value([16, 512, 1024, 2048]).run()
+    at.button(key="drift.len_go").click().run()
+    job = at.session_state["lab.jobs"]["drift_length"]
+    assert at.button(key="cancel.drift_length"), "a Cancel button beside the live bar"
+    end = time.time() + 300
+    while job.monitor.snapshot()[0] is None or job.monitor.snapshot()[0].done < 4:
+        assert time.time() < end and job.running, "the first length never finished"
+        time.sleep(0.1)  # 16 tokens: 2 runs x 2 steps
+    at.button(key="cancel.drift_length").click().run()
+    wait_jobs(at)
+    rows = at.session_state["lab.drift_by_length"]
+    assert [r["length"] for r in rows][0] == 16 and len(rows) < 4
+    assert "cancelled" in notes(at)
+    assert "Partial result: cancelled; lengths" in texts(at.warning)
+    assert len(charts(at)) == 1, "the partial curve is drawn"
