@@ -43,16 +43,17 @@ def headline(p: PrefillSpeed) -> str:
     return f"{p.speedup:.2f}×" if p.timing.trustworthy else f"⚠ {p.speedup:.2f}×"
 
 
-def show(p: PrefillSpeed, where=None) -> None:
-    """Median TTFTs, the speedup with its range and rounds, both ideals, and the flag."""
+def show(p: PrefillSpeed, where=None, name: str = "variant") -> None:
+    """Median TTFTs, the speedup with its range and rounds, both ideals, and the flag;
+    `name` names the variant (a static run must not read as POP)."""
     where = where or st
     t = p.timing
     m = where.columns(4)
     m[0].metric("TTFT full (median)", f"{t.full_median_ms:.0f} ms")
-    m[1].metric("TTFT variant (median)", f"{t.variant_median_ms:.0f} ms")
+    m[1].metric(f"TTFT {name} (median)", f"{t.variant_median_ms:.0f} ms")
     m[2].metric("Prefill speedup" if t.trustworthy else "Prefill speedup (flagged)", headline(p),
                 f"IQR {t.low:.2f}–{t.high:.2f}× · {t.rounds} rounds", delta_color="off",
-                delta_arrow="off", help="Median of the per-round ratios full / variant; the "
+                delta_arrow="off", help=f"Median of the per-round ratios full / {name}; the "
                 "delta line gives their interquartile range and the number of rounds.")
     m[3].metric("Ideal: FLOPs / roofline", f"{p.ideal_speedup:.2f}× / {p.roofline_speedup:.2f}×",
                 f"measured = {p.speedup / p.ideal_speedup:.0%} / "

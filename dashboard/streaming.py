@@ -47,3 +47,52 @@ def token_pieces(tokenizer, ids: list[int]) -> list[str]:
     if tokenizer is None:
         return [f"[{i}]" for i in ids]
     return [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
+
+def readable_pieces(tokenizer, ids: list[int], max_newlines: int = 2) -> list[tuple[str, bool]]:
+    """Each token's text for display as (text, is_special): special tokens such as <|im_end|>
+    are flagged (the page shows a small marker, not the raw tag) and runs of blank lines are cut
+    to one blank line across token boundaries (spaces between the newlines count as blank)."""
+    special = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    out, run = [], 0  # run: newlines in a row so far, blank-only text between them
+    for piece in token_pieces(tokenizer, ids):
+        if piece in special:
+            out.append((piece, True))
+            continue
+        kept = []
+        for ch in piece:
+            if ch == "\n":
+                run += 1
+                if run > max_newlines:
+                    continue
+            elif not ch.isspace():
+                run = 0
+            elif run > max_newlines - 1:
+                continue  # indentation of a line that is dropped anyway
+            kept.append(ch)
+        out.append(("".join(kept), False))
+    return out
+
+
+def readable_text(tokenizer, ids: list[int]) -> str:
+    """The output as plain text: special tokens left out, blank-line runs cut to one."""
+    return "".join(t for t, special in readable_pieces(tokenizer, ids) if not special)
+
+
+def output_html(tokenizer, ids: list[int], first: int | None) -> str:
+    """An output for the page: the first divergent token marked, what follows it greyed,
+    special tokens as a small marker, blank-line runs cut."""
+    import html
+
+    parts = []
+    for i, (piece, special) in enumerate(readable_pieces(tokenizer, ids)):
+        text = (f'<span class="pop-special" title="special token {html.escape(piece)}" '
+                f'style="font-size:.75em;color:#999;border:1px solid #ccc;border-radius:3px;'
+                f'padding:0 2px">end</span>' if special
+                else html.escape(piece).replace("\n", "<br>"))
+        if first is not None and i == first:
+            text = f'<mark title="first divergent token (#{i})" style="background:#ffd54f">{text}</mark>'
+        elif first is not None and i > first:
+            text = f'<span style="color:#888">{text}</span>'
+        parts.append(text)
+    return "<div class='pop-output'>" + "".join(parts) + "</div>"

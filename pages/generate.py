@@ -4,10 +4,12 @@ import html
 import streamlit as st
 import torch
 
-from dashboard import charts, speed, state, widgets
+from dashboard import charts, exports, lens_charts, speed, state, widgets
 from dashboard.examples import EXAMPLES
 from dashboard.resources import warmed_up
-from dashboard.streaming import agreement, stream_variant, token_pieces
+from dashboard.streaming import agreement, output_html, readable_text, stream_variant, token_pieces
+from pop_analysis import lens
+from pop_analysis.errors import first_line
 from pop_analysis.generate import SamplingConfig, encode
 from pop_analysis.skipset import SkipSetError, describe, preset, validate
 
@@ -15,6 +17,8 @@ VARIANTS = {"pop": "POP (independent KV + boundary)", "pop_no_kv": "ablation: wi
             "pop_no_boundary": "ablation: without boundary handling",
             "static": "static: layers removed in prefill and decode", "shallow": "ablation: shallow block",
             "interleaved": "ablation: interleaved layers"}
+SHORT = {"pop": "POP", "pop_no_kv": "POP without KV", "pop_no_boundary": "POP without boundary",
+         "static": "static", "shallow": "POP (shallow)", "interleaved": "POP (interleaved)"}
 
 st.title("Generate: full vs POP")
 lm = widgets.model_or_stop()
@@ -28,24 +32,28 @@ def use_example() -> None:
 
 st.selectbox("Example", list(EXAMPLES), key="gen.example", on_change=use_example, index=None,
              placeholder="pick an example (short or long) ...")
-prompt = st.text_area("Prompt", key="gen.prompt", height=140,
+prompt = st.text_area("Prompt", key=state.kept("gen.prompt", ""), height=140,
                       placeholder="Type a prompt or pick an example")
 c = st.columns([2, 1, 1, 1])
 variant = c[0].selectbox("Compare the full model with", list(VARIANTS), format_func=VARIANTS.get,
-                         key="gen.variant")
-mode = c[1].radio("Decoding", ("greedy", "sampling"), key="gen.mode", horizontal=True)
-max_new = c[2].number_input("New tokens", 1, 512, 32, key="gen.max_new")
-raw = c[3].checkbox("Raw (no chat template)", key="gen.raw")
+                         key=state.kept("gen.variant", "pop"))
+mode = c[1].radio("Decoding", ("greedy", "sampling"), key=state.kept("gen.mode", "greedy"),
+                  horizontal=True)
+max_new = c[2].number_input("New tokens", 1, 512, key=state.kept("gen.max_new", 32))
+raw = c[3].checkbox("Raw (no chat template)", key=state.kept("gen.raw", False))
 temperature, top_p, seed = 0.0, 1.0, 0
 if mode == "sampling":
     s = st.columns(3)
-    temperature = s[0].slider("Temperature", 0.05, 2.0, 0.7, key="gen.temp")
-    top_p = s[1].slider("Top-p", 0.05, 1.0, 0.9, key="gen.top_p")
-    seed = s[2].number_input("Seed", 0, 2**31 - 1, 0, key="gen.seed")
+    temperature = s[0].slider("Temperature", 0.05, 2.0, key=state.kept("gen.temp", 0.7))
+    top_p = s[1].slider("Top-p", 0.05, 1.0, key=state.kept("gen.top_p", 0.9))
+    seed = s[2].number_input("Seed", 0, 2**31 - 1, key=state.kept("gen.seed", 0))
 cfg = SamplingConfig(max_new_tokens=int(max_new), temperature=temperature, top_p=top_p, seed=int(seed))
 run_skip = preset(variant, n) if variant in ("shallow", "interleaved") else skip
 st.caption(f"Skipped in prefill: layers {describe(run_skip)} ({len(run_skip)}/{n}); "
            "same seed for both runs when sampling.")
+now = {"prompt": prompt, "variant": SHORT[variant], "skip set": describe(run_skip),
+       "decoding": mode if mode == "greedy" else f"sampling (T {temperature}, top-p {top_p}, seed {seed})",
+       "new tokens": int(max_new), "raw": raw}
 clicked = st.button("Generate", type="primary", key="gen.go")
 
 left, right = st.columns(2)
@@ -56,7 +64,8 @@ out = {"full": left.container(key="gen-out-full").empty(),
 
 
 def live(where):
-    return lambda ids: where.markdown(html.escape(lm.tokenizer.decode(ids)) if lm.tokenizer else ids)
+    return lambda ids: where.markdown(html.escape(readable_text(lm.tokenizer, ids))
+                                      if lm.tokenizer else ids)
 
 
 if clicked:
@@ -69,33 +78,24 @@ if clicked:
             full = stream_variant(lm, ids, "full", (), cfg, live(out["full"]))
             other = stream_variant(lm, ids, engine, run_skip, cfg, live(out["other"]))
         measured = speed.measure(lm, state.model_spec().key, ids, engine, run_skip)
-        st.session_state[state.GENERATION] = {"prompt_tokens": len(ids), "full": full, "other": other,
-                                              "label": VARIANTS[variant], "prompt_ids": ids,
-                                              "engine": engine, "speed": measured}
+        state.keep_result(state.GENERATION, {
+            "prompt_tokens": len(ids), "full": full, "other": other, "label": VARIANTS[variant],
+            "short": SHORT[variant], "prompt_ids": ids, "engine": engine, "speed": measured,
+            "full_text": readable_text(lm.tokenizer, full["token_ids"]) if lm.tokenizer else "",
+            "other_text": readable_text(lm.tokenizer, other["token_ids"]) if lm.tokenizer else ""},
+            now)
     except torch.OutOfMemoryError:
         st.error("Out of memory: try fewer new tokens, a shorter prompt or a smaller model.")
     except (ValueError, SkipSetError, RuntimeError) as e:
-        st.error(f"Generation failed: {e}")
-
-
-def highlighted(ids: list[int], first: int | None) -> str:
-    parts = []
-    for i, piece in enumerate(token_pieces(lm.tokenizer, ids)):
-        text = html.escape(piece).replace("\n", "<br>")
-        if first is not None and i == first:
-            text = f'<mark title="first divergent token (#{i})" style="background:#ffd54f">{text}</mark>'
-        elif first is not None and i > first:
-            text = f'<span style="color:#888">{text}</span>'
-        parts.append(text)
-    return "<div class='pop-output'>" + "".join(parts) + "</div>"
-
+        st.error(f"Generation failed: {first_line(e)}")
 
 res = st.session_state.get(state.GENERATION)
 if res:
-    full, other = res["full"], res["other"]
+    full, other, name = res["full"], res["other"], res.get("short", "variant")
     share, first = agreement(full["token_ids"], other["token_ids"])
-    out["full"].markdown(highlighted(full["token_ids"], first), unsafe_allow_html=True)
-    out["other"].markdown(highlighted(other["token_ids"], first), unsafe_allow_html=True)
+    out["full"].markdown(output_html(lm.tokenizer, full["token_ids"], first), unsafe_allow_html=True)
+    out["other"].markdown(output_html(lm.tokenizer, other["token_ids"], first), unsafe_allow_html=True)
+    widgets.made_from(state.GENERATION, now, "Generate")
     if res.get("speed") is not None and "prompt_ids" in res:
         if st.button("Re-measure speed", key="gen.remeasure",
                      help="Run the timing protocol again on the same prompt"):
@@ -103,18 +103,48 @@ if res:
                 res["speed"] = speed.measure(lm, state.model_spec().key, res["prompt_ids"],
                                              res["engine"], other["skip"])
             except (ValueError, RuntimeError) as e:
-                st.error(f"Re-measuring failed: {e}")
-        speed.show(res["speed"])
+                st.error(f"Re-measuring failed: {first_line(e)}")
+        speed.show(res["speed"], name=name)
     m = st.columns(2)
-    m[0].metric("Decode tok/s (full / POP)",
+    m[0].metric(f"Decode tok/s (full / {name})",
                 " / ".join(f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "–" for r in (full, other)))
     m[1].metric("Token agreement", f"{share:.0%}",
                 "identical" if first is None else f"first divergence at token {first}", delta_color="off")
     st.caption(f"Prompt: {res['prompt_tokens']} tokens. A yellow mark is the first token where "
                "the two outputs differ; grey text follows it. The token arrival chart below is "
                "the streamed run, one each.")
-    st.plotly_chart(charts.arrival_chart({"full": full["times"], res["label"]: other["times"]}),
-                    key="gen.arrival")
+    figures = {"arrival": charts.arrival_chart({"full": full["times"], name: other["times"]})}
+    st.plotly_chart(figures["arrival"], key="gen.arrival")
+
+    st.subheader("Where the answers part: the logit lens")
+    st.caption("Each layer's hidden state read through the final norm and lm_head. A token's "
+               "commitment layer is the layer from which it stays the top choice up to the "
+               "output: POP's answer departs where its commitment or its candidates differ.")
+    if "lens" not in res and st.button("Explain with the logit lens", key="gen.lens"):
+        try:
+            with widgets.run_lock(), st.spinner("Reading every layer through the lens ..."):
+                res["lens"] = {"full": lens.trace(lm, res["prompt_ids"], full["token_ids"], "full"),
+                               "other": lens.trace(lm, res["prompt_ids"], other["token_ids"],
+                                                   res["engine"], other["skip"])}
+        except (ValueError, RuntimeError) as e:
+            st.error(f"The lens failed: {first_line(e)}")
+    if "lens" in res:
+        tf, to = res["lens"]["full"], res["lens"]["other"]
+        pieces = {k: token_pieces(lm.tokenizer, t.tokens) for k, t in (("f", tf), ("o", to))}
+        figures["commitment"] = lens_charts.commitment_strip(
+            [{"name": "full", "pieces": pieces["f"], "commit": tf.commit},
+             {"name": name, "pieces": pieces["o"], "commit": to.commit}], n, first)
+        st.plotly_chart(figures["commitment"], key="gen.commit")
+        if first is not None and first < min(len(tf.topk), len(to.topk)):
+            cands = [lens.top_candidates(lm, t, first) for t in (tf, to)]
+            figures["top5"] = lens_charts.top_candidates(
+                *cands, name, (pieces["f"][first], pieces["o"][first]))
+            st.plotly_chart(figures["top5"], key="gen.top5")
+        elif first is None:
+            st.info("The two outputs are identical: there is no divergent token to explain.")
+        if len(full["token_ids"]) > lens.MAX_TOKENS:
+            st.caption(f"The lens covers the first {lens.MAX_TOKENS} tokens.")
+
     st.subheader("What ran: calls per layer and stage")
     st.caption("Skipped layers show 0 attention/FFN calls in prefill but one k_proj call (the "
                "independent K/V projection). x_N (boundary) runs every layer: those below the "
@@ -122,5 +152,10 @@ if res:
                "both paths, so the result is exact), the rest in the boundary step. Decode runs "
                "every layer.")
     for r, title in ((full, "full model"), (other, res["label"])):
-        st.plotly_chart(charts.call_counts_heatmap(r["counts"], f"Calls: {title}"),
-                        key=f"gen.counts.{r['variant']}.{title}")
+        figures[f"calls_{r['variant']}"] = charts.call_counts_heatmap(r["counts"], f"Calls: {title}")
+        st.plotly_chart(figures[f"calls_{r['variant']}"], key=f"gen.counts.{r['variant']}.{title}")
+    tokens = [{"step": i, "full": a, name: b} for i, (a, b) in enumerate(
+        zip(token_pieces(lm.tokenizer, full["token_ids"]), token_pieces(lm.tokenizer, other["token_ids"])))]
+    exports.offer("generation", data={k: v for k, v in res.items() if k not in ("speed", "lens")}
+                  | {"speed": res.get("speed"), "made_from": state.context_of(state.GENERATION)},
+                  rows=tokens, figures=figures)

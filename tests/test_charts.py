@@ -177,3 +177,23 @@ def test_padded_range_and_floor_helpers():
     assert clip_to_floor([0.0, 1.0], 0.1) == ([0.1, 1.0], [0])
     assert padded_range([0.5, 1.0], lower=0.0)[0] >= 0.0
     assert padded_range([]) is None
+
+
+class _Tok:
+    """Decodes id i to PIECES[i]; id 3 is a special token."""
+
+    PIECES = ["Hi", "\n", " \n", "<|im_end|>", "there", "  "]
+    all_special_tokens = ["<|im_end|>"]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.PIECES[i] for i in ids)
+
+
+def test_outputs_hide_special_tokens_and_cut_blank_line_runs():
+    from dashboard.streaming import readable_pieces, readable_text
+
+    ids = [0, 1, 2, 1, 1, 5, 4, 3]  # "Hi" + 4 newlines (with spaces) + "there" + <|im_end|>
+    pieces = readable_pieces(_Tok(), ids)
+    assert pieces[-1] == ("<|im_end|>", True)
+    assert readable_text(_Tok(), ids) == "Hi\n \nthere"
+    assert readable_text(_Tok(), [0, 1, 4]) == "Hi\nthere", "a single newline stays"

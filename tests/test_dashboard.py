@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from dashboard.streaming import agreement
+
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "dashboard" / "app.py")
 PAGES = ("overview", "calibrate", "skip_set", "generate", "drift", "sweeps")
@@ -168,7 +170,7 @@ def test_generation_shows_both_outputs_speedup_and_call_counts():
     assert re.fullmatch(r"IQR \d+\.\d\d–\d+\.\d\d× · \d+ rounds", deltas[label])
     assert f"{speed.timing.rounds} rounds" in deltas[label] and speed.timing.rounds >= 3
     assert speed.timing.trustworthy or speed.timing.note in texts(at.warning)
-    assert metrics["TTFT full (median)"].endswith("ms") and metrics["TTFT variant (median)"].endswith("ms")
+    assert metrics["TTFT full (median)"].endswith("ms") and metrics["TTFT POP (median)"].endswith("ms")
     assert re.fullmatch(r"\d+\.\d\d× / \d+\.\d\d×", metrics["Ideal: FLOPs / roofline"])
     assert re.fullmatch(r"\d+%", metrics["Token agreement"])
     gen = at.session_state["lab.generation"]
@@ -179,10 +181,24 @@ def test_generation_shows_both_outputs_speedup_and_call_counts():
     assert counts["prefill"]["attention"][kept] == 1
     assert counts["boundary"]["attention"][skipped] == 1, "x_N runs the full model"
     assert len(charts(at)) == 3, "token arrival + two call-count heatmaps"
-    # The result survives a page switch.
+    assert "Made from: prompt Why is the sky blue?" in texts(at.caption)
+    # The logit lens: commitment strip, and top-5 candidates when the outputs diverge.
+    at.button(key="gen.lens").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    traces = gen["lens"]
+    assert traces["full"].tokens == gen["full"]["token_ids"]
+    assert [c[0][0] for c in traces["full"].topk] == gen["full"]["token_ids"], "greedy = top-1"
+    first = agreement(gen["full"]["token_ids"], gen["other"]["token_ids"])[1]
+    assert len(charts(at)) == (4 if first is None else 5)
+    # The result and the inputs survive a page switch; a changed input marks it stale.
     goto(at, "overview")
     goto(at, "generate")
     assert len([m for m in at.markdown if "pop-output" in str(m.value)]) == 2
+    assert at.text_area(key="gen.prompt").value.startswith("Why is the sky blue")
+    assert at.number_input(key="gen.max_new").value == 8
+    at.selectbox(key="gen.variant").set_value("static").run()
+    assert "Stale: the variant changed" in texts(at.warning)
+    assert "TTFT POP (median)" in {m.label for m in at.metric}, "the shown result is POP's"
 
 
 def test_empty_skip_set_reads_about_one_and_re_measures():
@@ -377,3 +393,35 @@ def test_cancel_keeps_the_lengths_that_finished():
     assert "cancelled" in notes(at)
     assert "Partial result: cancelled; lengths" in texts(at.warning)
     assert len(charts(at)) == 1, "the partial curve is drawn"
+
+
+def test_static_mode_names_its_variant(monkeypatch):
+    at = goto(app(), "generate")
+    at.selectbox(key="gen.example").set_value("short: sky").run()
+    at.selectbox(key="gen.variant").set_value("static").run()
+    at.number_input(key="gen.max_new").set_value(2)
+    at.button(key="gen.go").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    labels = {m.label for m in at.metric}
+    assert "TTFT static (median)" in labels and not any("POP" in x for x in labels), labels
+    assert "Decode tok/s (full / static)" in labels
+
+
+def test_every_page_offers_downloads_and_the_report_covers_the_session():
+    from dashboard import report
+
+    at = goto(app(), "drift")
+    at.number_input(key="drift.steps").set_value(2)
+    at.selectbox(key="drift.example").set_value("short: arithmetic").run()
+    wait_jobs(at.button(key="drift.go").click().run())
+    for page in ("overview", "skip_set", "drift"):  # the others once they hold a result
+        goto(at, page)
+        labels = [b.proto.label for b in at.get("download_button")]
+        assert "Data (JSON)" in labels and any(x.startswith("Figure:") for x in labels), page
+    assert any(b.proto.label.startswith("Report of this session") for b in at.get("download_button"))
+    snap = {"model": "smollm2-135m", "skip": at.session_state["lab.skip"],
+            "results": {"lab.drift": at.session_state["lab.drift"]},
+            "context": {"lab.drift": {"prompt": "x"}}}
+    page = report.build(snap)
+    assert page.startswith("<!doctype html>") and "Drift: " in page and "Made from: prompt: x" in page
+    assert page.count("plotly.js") >= 1 and page.count("<script") >= 2, "plotly inlined once"
