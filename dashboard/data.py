@@ -131,3 +131,23 @@ def calibration_overlays(keys, labels: dict) -> list[dict]:
         if curves is not None:
             out.append({"label": labels[key], "prefill": curves[0], "decode": curves[1]})
     return out
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def sweep_rows(key: str) -> tuple[str, list[dict]] | None:
+    """(kind, rows) of a stored sweep; None when missing or unreadable."""
+    try:
+        payload = stored_payload("sweep", key)
+        return str(payload["kind"]), list(payload["rows"])
+    except (StoredMiss, KeyError, TypeError):
+        return None
+
+
+def sweep_overlays(keys, kind: str, labels: dict) -> list[dict]:
+    """The chosen stored sweeps of `kind` as chart overlays ({label, rows}); others left out."""
+    out = []
+    for key in keys:
+        got = sweep_rows(key) if key in labels else None
+        if got is not None and got[0] == kind:
+            out.append({"label": labels[key], "rows": got[1]})
+    return out

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import streamlit as st
+import torch
 
 from dashboard import state
 from dashboard.resources import locked
+from pop_analysis.errors import first_line
 from pop_analysis.progress import Cancelled, Monitor, describe_eta, duration
 
 JOBS = "lab.jobs"  # name -> Job, the runs of this session
@@ -159,3 +161,30 @@ def status(job: Job) -> str:
 def running_summary() -> list[str]:
     """One line per run in progress (for the sidebar)."""
     return [f"{job.label}: {fraction(job):.0%}" for job in jobs().values() if job.running]
+
+
+def outcome(job: Job, key: str, what: str, oom_hint: str, finished, done) -> tuple[str, str]:
+    """The usual on_done: keep the result under `key` (for a cancelled run, what finished,
+    marked partial) and say what happened in plain words.
+
+    finished(partial) names what a cancelled run kept ("4 of 8 samples"); done(result) says
+    what a computed run did ("8 samples in 12 s").
+    """
+    if job.cancelled is not None:
+        part = job.partial
+        if not part:
+            return "warning", f"{what}: cancelled after {duration(job.seconds)}; nothing had finished."
+        kept = finished(part)
+        state.keep_result(key, part, {**job.context,
+                                      "partial": f"cancelled; {kept} finished (not stored)"})
+        return "warning", (f"{what}: cancelled after {duration(job.seconds)}; showing the {kept} "
+                           "that finished (not stored).")
+    if job.error is not None:
+        if isinstance(job.error, torch.OutOfMemoryError):
+            return "error", f"{what}: out of memory; {oom_hint}"
+        return "error", f"{what} failed: {first_line(job.error)}"
+    result, hit = job.result
+    state.keep_result(key, result, job.context)
+    if hit:
+        return "success", f"{what}: loaded from the results store."
+    return "success", f"{what}: {done(result)}; stored for next time."

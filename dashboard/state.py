@@ -95,14 +95,21 @@ def sync(key: str, value) -> None:
 
 # ---------- inputs that survive page changes ----------
 
-def kept(key: str, default=None) -> str:
+def kept(key: str, default=None, options=None) -> str:
     """Register a widget key as kept across pages and restore its value; returns the key.
-    Pass no `value=`/`index=` to the widget itself: the default lives here."""
+    Pass no `value=`/`index=` to the widget itself: the default lives here. With `options`
+    (a select widget), a kept choice that is no longer offered is dropped."""
     st.session_state.setdefault(KEPT, set()).add(key)
     if key not in st.session_state:
         value = st.session_state.get(KEEP + key, default)
         if value is not None:
             st.session_state[key] = value
+    if options is not None and key in st.session_state:
+        v = st.session_state[key]
+        if isinstance(v, list):
+            st.session_state[key] = [x for x in v if x in options]
+        elif v not in options:
+            st.session_state[key] = default
     return key
 
 

@@ -1,6 +1,5 @@
 """Calibrate: stage-aware layer importance (prefill vs decode) from virtual gates."""
 import streamlit as st
-import torch
 
 from dashboard import charts, data, exports, jobs, state, widgets
 from pop_analysis import calibrate as cal
@@ -14,30 +13,6 @@ st.markdown("One virtual gate per layer and stage; importance = E[(dL/dg)²] ove
 
 lm = widgets.model_or_stop()
 n = lm.adapter.n_layers
-
-
-def filed(job) -> tuple[str, str]:
-    """File a finished calibration run; say what happened in plain words."""
-    if job.cancelled is not None:
-        part = job.partial
-        if part is None:
-            return "warning", f"Cancelled after {duration(job.seconds)}; no batch had finished."
-        ctx = {**job.context, "partial": f"cancelled; {part.n_samples} of "
-                                         f"{job.context['samples']} samples finished (not stored)"}
-        state.keep_result(state.CALIBRATION, part, ctx)
-        return "warning", (f"Cancelled after {duration(job.seconds)}: showing the "
-                           f"{part.n_samples} samples that finished (not stored).")
-    if job.error is not None:
-        if isinstance(job.error, torch.OutOfMemoryError):
-            return "error", "Out of memory: use fewer samples, shorter responses or a smaller model."
-        return "error", f"Calibration failed: {first_line(job.error)}"
-    result, hit = job.result
-    state.keep_result(state.CALIBRATION, result, job.context)
-    if hit:
-        return "success", f"Calibration of {job.context['data']}: loaded from the results store."
-    return "success", (f"Calibration of {job.context['data']}: {result.n_samples} samples in "
-                       f"{duration(result.seconds)} ({result.samples_per_s:.2f} samples/s); "
-                       "stored for next time.")
 
 
 with st.container(border=True):
@@ -61,9 +36,14 @@ with st.container(border=True):
         try:
             prompts = data.prompt_set(source, field, int(n_samples))
             jobs.start("calibrate", f"Calibrating on {label}",
-                             lambda progress: cal.cached_calibration(lm, prompts, cfg, use_cache,
-                                                                     progress, progress.notice), filed,
-                             context=now)
+                       lambda progress: cal.cached_calibration(lm, prompts, cfg, use_cache, progress,
+                                                               progress.notice),
+                       lambda job: jobs.outcome(
+                           job, state.CALIBRATION, f"Calibration of {label}",
+                           "use fewer samples, shorter responses or a smaller model.",
+                           lambda p: f"{p.n_samples} of {cfg.n_samples} samples",
+                           lambda r: f"{r.n_samples} samples in {duration(r.seconds)} "
+                                     f"({r.samples_per_s:.2f} samples/s)"), context=now)
         except DatasetError as e:
             st.error(f"Cannot read the prompts: {e}")
         except (ValueError, OSError) as e:
@@ -75,7 +55,7 @@ labels = {e["key"]: data.calibration_label(e) for e in entries}
 if entries:
     with st.expander(f"Stored calibrations ({len(entries)}): compare or reload", expanded=False):
         st.multiselect("Overlay on the importance chart", list(labels), format_func=labels.get,
-                       key=state.kept("cal.overlay", []), max_selections=8,
+                       key=state.kept("cal.overlay", [], list(labels)), max_selections=8,
                        help="thin dotted (prefill) and dashed (decode) lines beside the result")
         a, b = st.columns([4, 1], vertical_alignment="bottom")
         key = a.selectbox("Show as the main result", list(labels), format_func=labels.get,

@@ -2,7 +2,6 @@
 import datetime
 
 import streamlit as st
-import torch
 
 from dashboard import charts, data, exports, jobs, state, widgets
 from dashboard.examples import EXAMPLES
@@ -29,25 +28,13 @@ def use_example() -> None:
     st.session_state["drift.prompt"] = EXAMPLES[st.session_state["drift.example"]]
 
 
-def filer(key: str, what: str):
-    """on_done for a drift job: keep the result (or what finished) under `key`."""
-    def filed(job) -> tuple[str, str]:
-        if job.cancelled is not None:
-            rows = job.partial
-            if not rows:
-                return "warning", f"{what}: cancelled after {duration(job.seconds)}; nothing had finished."
-            state.keep_result(key, rows, {**job.context, "partial": f"cancelled; lengths "
-                                          f"{[r['length'] for r in rows]} finished (not stored)"})
-            return "warning", f"{what}: cancelled; showing the {len(rows)} lengths that finished."
-        if job.error is not None:
-            if isinstance(job.error, torch.OutOfMemoryError):
-                return "error", f"{what}: out of memory; use a shorter prompt or fewer steps."
-            return "error", f"{what} failed: {first_line(job.error)}"
-        result, hit = job.result
-        state.keep_result(key, result, job.context)
-        return "success", (f"{what}: loaded from the results store." if hit else
-                           f"{what}: measured in {duration(job.seconds)}; stored for next time.")
-    return filed
+def outcome(key: str, what: str):
+    """on_done of a drift run (one DriftResult) or a drift-vs-length run (rows per length)."""
+    return lambda job: jobs.outcome(
+        job, key, what, "use a shorter prompt or fewer steps.",
+        lambda rows: f"lengths {[r['length'] for r in rows]}",
+        lambda r: f"{len(r)} lengths measured" if isinstance(r, list) else
+        f"measured in {duration(r.seconds)}")
 
 
 with st.container(border=True):
@@ -66,7 +53,7 @@ with st.container(border=True):
             ids = encode(lm, prompt or "", raw=raw)
             jobs.start("drift", "Measuring drift", lambda p: dr.cached_drift(lm, ids, skip, cfg,
                                                                               progress=p, notice=p.notice),
-                       filer(state.DRIFT, "Drift"), context=now)
+                       outcome(state.DRIFT, "Drift"), context=now)
         except ValueError as e:
             st.error(f"Drift failed: {first_line(e)}")
     jobs.panel("drift")
@@ -152,7 +139,8 @@ len_now = {"lengths": sorted(lengths), "skip set": describe(skip), "decode steps
 if c[1].button("Measure vs length", key="drift.len_go",
                disabled=not lengths or jobs.running("drift_length")):
     jobs.start("drift_length", "Drift vs length", lambda p: dr.cached_drift_by_length(
-        lm, sorted(lengths), skip, cfg, progress=p, notice=p.notice), filer(state.DRIFT_LENGTH, "Drift vs length"),
+        lm, sorted(lengths), skip, cfg, progress=p, notice=p.notice),
+        outcome(state.DRIFT_LENGTH, "Drift vs length"),
         context=len_now)
 jobs.panel("drift_length")
 rows = st.session_state.get(state.DRIFT_LENGTH)

@@ -2,9 +2,9 @@
 import datetime
 
 import streamlit as st
-import torch
 
-from dashboard import charts, data, jobs, speed, state, widgets
+from dashboard import charts, data, exports, jobs, speed, state, widgets
+from dashboard.compare_charts import overlay_sweeps
 from pop_analysis import sweep as sw
 from pop_analysis.allowed_paths import check_source
 from pop_analysis.errors import first_line
@@ -24,26 +24,6 @@ PAPER_FOR = {"ratio": "table4", "adaptive": "table4", "ablation": "table3", "len
 lm = widgets.model_or_stop()
 calib = st.session_state.get(state.CALIBRATION)
 
-def filed(job) -> tuple[str, str]:
-    """File a finished sweep run; say what happened in plain words."""
-    if job.cancelled is not None:
-        part = job.partial
-        if part is None:
-            return "warning", f"Sweep cancelled after {duration(job.seconds)}; no row had finished."
-        state.keep_result(state.SWEEP, part, {**job.context, "partial": f"cancelled; "
-                          f"{len(part.rows)} rows finished (not stored)"})
-        return "warning", (f"Sweep cancelled after {duration(job.seconds)}: showing the "
-                           f"{len(part.rows)} rows that finished (not stored).")
-    if job.error is not None:
-        if isinstance(job.error, torch.OutOfMemoryError):
-            return "error", "Out of memory: use fewer samples or shorter lengths."
-        return "error", f"Sweep failed: {first_line(job.error)}"
-    res, hit = job.result
-    state.keep_result(state.SWEEP, res, job.context)
-    return "success", ("Sweep loaded from the results store." if hit else
-                       f"Sweep finished in {duration(res.seconds)}; stored for next time.")
-
-
 with st.expander("Run a sweep", expanded=jobs.running("sweep")):
     c = st.columns(5)
     kind = c[0].selectbox("Sweep", list(KINDS), format_func=KINDS.get, key=state.kept("sw.kind", "ratio"))
@@ -59,15 +39,17 @@ with st.expander("Run a sweep", expanded=jobs.running("sweep")):
                              repeats=int(repeats))
         try:
             check_source(dataset)  # a path typed here must lie in an allowed folder
+            if kind == "adaptive" and calib is None:
+                raise ValueError("the adaptive sweep needs a calibration: run one on the Calibrate page")
         except ValueError as e:
             st.error(f"Sweep failed: {first_line(e)}")
         else:
-            if kind == "adaptive" and calib is None:
-                st.error("The adaptive sweep needs a calibration: run one on the Calibrate page.")
-            else:
-                jobs.start("sweep", f"Sweep ({kind})", lambda p: sw.cached_sweep(
-                    lm, kind, cfg, progress=p, calibration=calib, notice=p.notice), filed,
-                    context=now)
+            jobs.start("sweep", f"Sweep ({kind})", lambda p: sw.cached_sweep(
+                lm, kind, cfg, progress=p, calibration=calib, notice=p.notice),
+                lambda job: jobs.outcome(
+                    job, state.SWEEP, f"Sweep ({kind})", "use fewer samples or shorter lengths.",
+                    lambda part: f"{len(part.rows)} rows",
+                    lambda r: f"finished in {duration(r.seconds)}"), context=now)
     jobs.panel("sweep")
 
 entries = data.stored_entries("sweep")
@@ -78,7 +60,7 @@ if entries:
         p = by_key[key]["params"]
         when = datetime.datetime.fromtimestamp(by_key[key]["saved_at"]).strftime("%Y-%m-%d %H:%M")
         return f"{p.get('kind', '?')} · {p.get('model', '?')} · {p.get('device', '')} · {when}"
-    c = st.columns([4, 1])
+    c = st.columns([4, 1], vertical_alignment="bottom")
     key = c[0].selectbox("Stored sweeps", list(by_key), format_func=label_of, key="sw.stored")
     if c[1].button("Load", key="sw.load"):
         res = data.load_result("sweep", key, sw.SweepResult)
@@ -86,6 +68,9 @@ if entries:
             st.error("That entry is missing or unreadable.")
         else:
             state.keep_result(state.SWEEP, res, {"stored": label_of(key)})
+    st.multiselect("Overlay stored sweeps of the same kind on the chart", list(by_key),
+                   format_func=label_of, key=state.kept("sw.overlay", [], list(by_key)),
+                   max_selections=6)
 
 res = st.session_state.get(state.SWEEP)
 if res is None:
@@ -96,6 +81,9 @@ else:
     widgets.made_from(state.SWEEP, now, "Run sweep")
     rows = res.rows
     t4, t2 = sw.PAPER_TABLES["table4"], sw.PAPER_TABLES["table2"]
+    overlays = data.sweep_overlays(state.value("sw.overlay", []), res.kind,
+                                   {k: label_of(k) for k in by_key} if entries else {})
+    fig = None
     if res.kind in ("ratio", "adaptive") and rows:
         metrics = [m for m in ("greedy_agreement", "exact_match", "sequence_exact", "continuation_nll",
                                "retrieval_acc") if any(r.get(m) is not None for r in rows)]
@@ -103,15 +91,24 @@ else:
         paper = {"ratio": t4["ratios"], "speedup": t4["prefill_speedup"]}
         if quality == "exact_match":  # the paper's GSM8K accuracy, as a fraction
             paper.update(quality=[v / 100 for v in t4["GSM8K"]], quality_name="GSM8K")
-        st.plotly_chart(charts.ratio_chart(rows, quality, paper), key="sw.ratio")
+        fig = overlay_sweeps(charts.ratio_chart(rows, quality, paper), overlays, "skip_ratio",
+                             quality)
+        st.plotly_chart(fig, key="sw.ratio")
     elif res.kind == "length" and rows:
         paper = {m: {"length": t2["lengths"], "speedup": v} for m, v in t2["rows"].items()}
-        st.plotly_chart(charts.length_chart(rows, paper), key="sw.length")
+        fig = overlay_sweeps(charts.length_chart(rows, paper), overlays, "length")
+        st.plotly_chart(fig, key="sw.length")
+    if overlays:
+        st.caption(f"Overlaid: {len(overlays)} stored sweep(s) as dashed (speedup) and dotted "
+                   "(quality) lines.")
+    elif fig is None and state.value("sw.overlay"):
+        st.caption("Overlays are drawn on the ratio, adaptive and length charts.")
     frame = res.to_frame()
     if res.kind == "ablation" and "variant" in frame:
         paper = sw.paper_frame("table3").add_prefix("paper ")
         frame = frame.join(paper, on="variant")
     st.dataframe(speed.sweep_table(frame, res.kind), hide_index=True, key="sw.table")
+    exports.offer("sweep", data=res.to_dict(), rows=rows, figures={"chart": fig} if fig else None)
 
 st.subheader("The paper's numbers")
 for name in ("table4", "table3", "table2", "table1"):
