@@ -1,9 +1,10 @@
 """The dashboard in a real browser: `streamlit run dashboard/app.py` on a free localhost port,
 driven by Playwright through Debian's headless chromium (never a downloaded browser).
 
-Visits every page through the sidebar navigation (one session), runs a small calibration and a
-generation, checks plotly charts are drawn, and saves screenshots and timings under
-artifacts/screenshots/. The server is stopped by its pid.
+Visits every page through the sidebar navigation (one session): two small calibrations, one
+overlaid on the other, a CSV download, a preset, single clicks and a box on the layer strip (the
+sidebar must follow each), a generation; checks plotly charts are drawn, and saves screenshots
+and timings under artifacts/screenshots/. The server is stopped by its pid.
 """
 import json
 import os
@@ -87,7 +88,8 @@ def browser_page(tmp_path_factory):
     with sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM,
                                                    headless=True, args=ARGS,
-                                                   viewport={"width": 1400, "height": 1000})
+                                                   viewport={"width": 1400, "height": 1000},
+                                                   accept_downloads=True)
         try:
             yield ctx.pages[0] if ctx.pages else ctx.new_page()
         finally:
@@ -145,6 +147,13 @@ def set_number(page, label: str, value: int) -> None:
     wait_idle(page)
 
 
+def click_square(page, layer: int) -> None:
+    """One click on a square of the layer strip."""
+    box = page.locator(f"{PLOT} .scatterlayer .point").nth(layer).bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    wait_idle(page)
+
+
 def test_every_page_in_a_real_browser(server, browser_page):
     page = browser_page
     perf = {}
@@ -159,13 +168,14 @@ def test_every_page_in_a_real_browser(server, browser_page):
     assert loads(page) == 1
     shot(page, "1_overview")
 
-    # Calibrate: a small run, then the same one again from the cache.
+    # Calibrate: two small runs (the second is overlaid on the first), then one from the store.
     perf["switch_to_calibrate_s"] = round(open_page(page, "Calibrate", "Calibrate"), 2)
     set_number(page, "Samples", 2)
     set_number(page, "Response tokens", 8)
     t0 = time.time()
     page.get_by_role("button", name="Run calibration").click()
-    changes = watch_progress(page, page.get_by_text(re.compile("Calibration of .*Computed")))
+    done = page.get_by_text(re.compile("Calibration of .*stored for next time"))
+    changes = watch_progress(page, done)
     perf["calibration_s"] = round(time.time() - t0, 2)
     gaps = [b - a for a, b in zip(changes, changes[1:])]
     perf["progress_bar_redraws"] = len(changes)
@@ -173,23 +183,51 @@ def test_every_page_in_a_real_browser(server, browser_page):
     assert len(changes) >= 2, "the progress bar was never seen moving"
     # A frozen bar, not a slow machine, is what this guards against (it redraws every second).
     assert max(gaps) <= 5, f"the progress bar stood still for {max(gaps):.1f} s"
-    done = page.get_by_text(re.compile("Calibration of .*Computed")).inner_text()
-    gap = re.search(r"longest gap ([\d.]+) s", done)
-    perf["calibration_longest_progress_gap_s"] = float(gap.group(1)) if gap else None
     wait_idle(page)
     page.locator(PLOT).first.wait_for(timeout=30_000)  # the importance chart
-    shot(page, "2_calibrate")
+    set_number(page, "Seed", 1)
+    page.get_by_role("button", name="Run calibration").click()
+    page.get_by_text(re.compile("Calibration of .*stored for next time")).wait_for(timeout=300_000)
+    wait_idle(page)
+    page.get_by_text(re.compile("Stored calibrations")).click()
+    wait_idle(page)
+    picker = page.get_by_role("combobox", name="Overlay on the importance chart")
+    picker.click()
+    page.locator('[role="option"]').last.click()  # the older run: seed 0
+    wait_idle(page)
+    page.keyboard.press("Escape")
+    page.get_by_text(re.compile("Overlaid: 1 stored calibration")).wait_for(timeout=30_000)
+    legend = page.locator(f"{PLOT} .legendtext").all_inner_texts()
+    assert any(t.endswith("· prefill") for t in legend), legend
+    shot(page, "2_calibrate_overlay")
+    # A download: the chart's data as CSV.
+    page.get_by_text("Download this page's data and figures").click()
+    with page.expect_download() as dl:
+        page.get_by_role("button", name="Data (CSV)").click()
+    csv_text = Path(dl.value.path()).read_text()
+    assert csv_text.startswith("layer,prefill,decode") and len(csv_text.splitlines()) == 31
     t0 = time.time()
     page.get_by_role("button", name="Run calibration").click()
-    page.get_by_text(re.compile("Loaded from the cache in")).wait_for(timeout=30_000)
+    page.get_by_text(re.compile("loaded from the results store")).wait_for(timeout=30_000)
     perf["cached_calibration_visible_s"] = round(time.time() - t0, 2)
     page.locator(PLOT).first.wait_for()
 
-    # Skip set: the strip is drawn, coloured by the calibration just made.
+    # Skip set: a preset, a single click on the strip, a box; the sidebar follows each.
     perf["switch_to_skip_set_s"] = round(open_page(page, "Skip set", "Skip set"), 2)
     page.locator(PLOT).first.wait_for(timeout=30_000)
     page.get_by_text("Ideal prefill speedup @ 128 tok", exact=True).wait_for(timeout=30_000)
-    # Drag a box over layers 24..29 of the layer strip: that range becomes the skip set.
+    side = page.locator('[data-testid="stSidebar"]')
+    page.get_by_role("button", name="Shallow", exact=True).click()
+    wait_idle(page)
+    side.get_by_text(re.compile(r"Skip set:\s*0-9 \(10/30")).wait_for(timeout=30_000)
+    assert "10 layers" in page.locator('[data-testid="stSlider"]').inner_text()
+    assert "skip=0-9" in page.url, page.url
+    click_square(page, 15)  # toggles layer 15 on
+    side.get_by_text(re.compile(r"Skip set:\s*0-9, 15 \(11/30")).wait_for(timeout=30_000)
+    click_square(page, 3)  # and layer 3 off
+    side.get_by_text(re.compile(r"Skip set:\s*0-2, 4-9, 15 \(10/30")).wait_for(timeout=30_000)
+    # The box tool, then a box over layers 24..29: they replace the set.
+    page.locator(f'{PLOT} .modebar-btn[data-title="Box Select"]').click()
     squares = page.locator(f"{PLOT} .scatterlayer .point")
     a, b = squares.nth(24).bounding_box(), squares.nth(29).bounding_box()
     page.mouse.move(a["x"] - 4, a["y"] - 12)
@@ -197,7 +235,7 @@ def test_every_page_in_a_real_browser(server, browser_page):
     page.mouse.move(b["x"] + b["width"] + 4, b["y"] + b["height"] + 12, steps=10)
     page.mouse.up()
     wait_idle(page)
-    page.get_by_text(re.compile(r"Skip set:\s*24-29 \(6/30")).wait_for(timeout=30_000)
+    side.get_by_text(re.compile(r"Skip set:\s*24-29 \(6/30")).wait_for(timeout=30_000)
     shot(page, "3_skip_set")
 
     # Generate: a short prompt, 8 tokens, full and POP side by side.
@@ -216,13 +254,20 @@ def test_every_page_in_a_real_browser(server, browser_page):
     shot(page, "4_generate")
     for side in ("full", "pop"):  # both outputs hold generated text
         assert page.locator(f".st-key-gen-out-{side}").inner_text().strip(), side
+        assert "<|im_end|>" not in page.locator(f".st-key-gen-out-{side}").inner_text()
     assert page.locator(PLOT).count() >= 3
+    page.get_by_role("button", name="Explain with the logit lens").click()
+    page.get_by_text(re.compile("Commitment: the layer")).wait_for(timeout=120_000)
+    wait_idle(page)
+    shot(page, "4b_generate_lens")
 
     for title, heading, name in (("Drift", "drift", "5_drift"), ("Sweeps", "Sweeps", "6_sweeps"),
                                  ("Overview", "Prefill-Only", "7_overview_again")):
         perf[f"switch_to_{title.lower()}_s"] = round(open_page(page, title, heading), 2)
         shot(page, name)
     page.locator(PLOT).first.wait_for(timeout=30_000)
+    open_page(page, "Generate", "Generate")  # the prompt is still there
+    assert page.get_by_label("Prompt", exact=True).input_value() == "Why is the sky blue?"
     assert loads(page) == 1, "switching pages reloaded the model"
     assert "Traceback" not in page.content()
     perf["load_per_core_at_start"] = round(LOAD_AT_START, 2)
