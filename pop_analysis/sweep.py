@@ -3,13 +3,14 @@ input length (Table 2), and importance-based skip sets against the contiguous la
 
 Every row carries a measured prefill speedup (TTFT of the full model / TTFT of the variant,
 through the timing protocol: order swapped every round, median with its IQR, noise flagged)
-beside its quality numbers: all variants of a
-sweep are evaluated together in batches with the full model's pass shared (evaluate.py), and every
-quality number has n, a 95% interval and, against the full model, a paired difference (quality.py).
+beside its quality numbers: all variants of a sweep are evaluated together in batches with the
+full model's pass shared (evaluate.py), and every quality number has n, a 95% interval and,
+against the full model, a paired difference (quality.py). A cancelled sweep keeps its finished rows.
 Results are cached through store.py under kind "sweep", so the CLI fills the dashboard's page.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
@@ -47,7 +48,6 @@ ABLATIONS = {
     "static": ("static", "paper"),
     "pop_repair": ("pop_repair", "paper"),  # needs SweepConfig.repair
 }
-
 
 # Items per sweep by default: enough that the 95% interval of POP's NLL difference from the full
 # model on GSM8K answers is narrower than 0.05 nats on the embedded model (docs/evaluation.md).
@@ -138,13 +138,6 @@ class SweepResult(store.Record):
 
 # ---------------------------------------------------------------- rows
 
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
 def timing_config(cfg: SweepConfig):
     """The timing protocol's settings for a sweep's rows; SweepError on impossible ones."""
     try:
@@ -185,21 +178,25 @@ def _prepare(lm, cfg, evalset, runs, progress, message):
     return evalset, scores, tracker
 
 
-def _kept(lm, kind, rows, cfg, t0, evalset=None):
-    """What a cancelled sweep keeps: a result of the rows finished so far (None: no row)."""
-    return keeping(lambda: _result(lm, kind, rows, cfg, t0, evalset) if rows else None)
+@contextlib.contextmanager
+def _kept(lm, kind, cfg, t0, evalset=None):
+    """The rows list of a sweep; a cancellation carries a result of the rows finished (or None)."""
+    rows: list = []
+    with keeping(lambda: _result(lm, kind, rows, cfg, t0, evalset) if rows else None):
+        yield rows
 
 
 def _result(lm, kind, rows, cfg, t0, evalset=None) -> SweepResult:
+    import torch
+
     data = f"{evalset.name}:{evalset.fingerprint[:12]}" if evalset else "retrieval (synthetic)"
     notes = [evalset.note] if evalset and evalset.note else []
     notes += sorted({too_few_note(r.n) for r in rows if 0 < r.n < 2})
     return SweepResult(lm.name, kind, [r.to_dict() for r in rows], store.plain(dataclasses.asdict(cfg)),
-                       time.perf_counter() - t0, data, _threads(), str(lm.device), notes)
+                       time.perf_counter() - t0, data, torch.get_num_threads(), str(lm.device), notes)
 
 
 # ---------------------------------------------------------------- the four sweeps
-
 
 def ratio_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=None,
                 evalset: EvalSet | None = None) -> SweepResult:
@@ -214,8 +211,7 @@ def ratio_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=None
         attach_repairs(lm, [skip for engine, skip in runs if engine == "pop_repair"], cfg.repair)
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ratio sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
-    rows = []
-    with _kept(lm, "ratio", rows, cfg, t0, evalset):
+    with _kept(lm, "ratio", cfg, t0, evalset) as rows:
         for r, engine, skip in named:
             row = _row(lm, "ratio", engine, engine, skip,
                        row_quality(scores, run_key(engine, skip), n, answers), cfg, tracker,
@@ -249,8 +245,7 @@ def ablation_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=N
         attach_repairs(lm, [preset("paper", n_layers)], cfg.repair)
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ablation sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
-    rows: list = []
-    with _kept(lm, "ablation", rows, cfg, t0, evalset):
+    with _kept(lm, "ablation", cfg, t0, evalset) as rows:
         for name, (engine, skip) in zip(cfg.variants, runs):
             rows.append(_row(lm, "ablation", name, engine, skip, row_quality(
                 scores, run_key(engine, skip), n, answers), cfg, tracker, cfg.bench_tokens))
@@ -272,8 +267,7 @@ def length_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=Non
     plan = {"evaluation": 2.0 * sum(n * len(v) for n, v in sets.items()),
             "timing": float(sum(cfg.lengths))}  # weights in tokens: 2048 is not 32
     tracker = Tracker(2 * n_items + len(cfg.lengths), progress, "length sweep", plan=plan)
-    rows = []
-    with _kept(lm, "length", rows, cfg, t0):
+    with _kept(lm, "length", cfg, t0) as rows:
         for n, items in sets.items():
             scores = evaluate_runs(lm, items, [("pop", skip)], cfg.retrieval_new_tokens,
                                    tracker.costed("evaluation", n), f"length {n}")
@@ -326,8 +320,7 @@ def adaptive_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), calibratio
     runs = [(engine, skip) for _, engine, skip in named]
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "adaptive sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
-    rows: list = []
-    with _kept(lm, "adaptive", rows, cfg, t0, evalset):
+    with _kept(lm, "adaptive", cfg, t0, evalset) as rows:
         for name, engine, skip in named:
             rows.append(_row(lm, "adaptive", name, engine, skip, row_quality(
                 scores, run_key(engine, skip), n, answers), cfg, tracker, cfg.bench_tokens))
@@ -335,7 +328,6 @@ def adaptive_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), calibratio
 
 
 # ---------------------------------------------------------------- cache
-
 
 def cached_sweep(lm: LoadedModel, kind: str, cfg: SweepConfig = SweepConfig(), use_cache=True,
                  progress=None, calibration=None, notice=None,
