@@ -395,7 +395,7 @@ def test_cancel_keeps_the_lengths_that_finished():
     assert len(charts(at)) == 1, "the partial curve is drawn"
 
 
-def test_static_mode_names_its_variant(monkeypatch):
+def test_static_mode_names_its_variant():
     at = goto(app(), "generate")
     at.selectbox(key="gen.example").set_value("short: sky").run()
     at.selectbox(key="gen.variant").set_value("static").run()
@@ -425,3 +425,24 @@ def test_every_page_offers_downloads_and_the_report_covers_the_session():
     page = report.build(snap)
     assert page.startswith("<!doctype html>") and "Drift: " in page and "Made from: prompt: x" in page
     assert page.count("plotly.js") >= 1 and page.count("<script") >= 2, "plotly inlined once"
+
+
+def test_a_background_run_says_why_a_stored_entry_was_not_used():
+    """The store's notices reach the page from the worker thread, under the run's outcome."""
+    import json
+
+    from pop_analysis.store import results_dir
+
+    at = goto(app(), "drift")
+    at.number_input(key="drift.steps").set_value(2)
+    at.selectbox(key="drift.example").set_value("short: sky").run()
+    wait_jobs(at.button(key="drift.go").click().run())
+    paths = list(results_dir("drift").glob("*.json"))
+    assert paths, "the run was stored"
+    for path in paths:  # a stored entry that no longer passes its check
+        entry = json.loads(path.read_text())
+        entry["payload"]["hidden_cos"] = [1.0, 2.0]
+        path.write_text(json.dumps(entry))
+    wait_jobs(at.button(key="drift.go").click().run())
+    assert "not used" in texts(at.warning), texts(at.warning)
+    assert "Drift: measured in" in notes(at), "computed again after the notice"
