@@ -86,12 +86,12 @@ def browser_part(url: str, rounds: int) -> dict:
         idle(page)
         page.get_by_text(re.compile("Stored calibrations")).click()
         idle(page)
-        page.get_by_role("button", name="Load").click()
+        page.get_by_test_id("stExpanderDetails").get_by_role("button", name="Load").click()
         idle(page)
         box = page.get_by_role("combobox", name="Overlay on the importance chart")
         toggle = page.get_by_text("Spread bands (±1 std)")
         plain, over = [], []
-        for _ in range(rounds):
+        for _ in range(rounds):  # alternating: 0 overlays, 5 overlays
             plain.append(timed(page, toggle.click))
             for _ in range(5):
                 box.click()
@@ -99,8 +99,12 @@ def browser_part(url: str, rounds: int) -> dict:
                 idle(page)
             page.keyboard.press("Escape")
             over.append(timed(page, toggle.click))
-            page.get_by_role("button", name="Clear all").first.click()
-            idle(page)
+            for _ in range(5):  # the select's own backspace removes the last chosen entry
+                box.click()
+                page.keyboard.press("Backspace")
+                idle(page)
+            page.keyboard.press("Escape")
+            assert not page.get_by_text("Overlaid:").count(), "the overlays were not removed"
         out["calibrate_redraw_no_overlay_s"] = summary(plain)
         out["calibrate_redraw_5_overlays_s"] = summary(over)
         out["overlay_adds_s"] = round(statistics.median(over) - statistics.median(plain), 3)

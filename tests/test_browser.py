@@ -197,7 +197,7 @@ def test_every_page_in_a_real_browser(server, browser_page):
     wait_idle(page)
     page.keyboard.press("Escape")
     page.get_by_text(re.compile("Overlaid: 1 stored calibration")).wait_for(timeout=30_000)
-    legend = page.locator(f"{PLOT} .legendtext").all_inner_texts()
+    legend = page.locator(f"{PLOT} .legendtext").all_text_contents()  # SVG: no innerText
     assert any(t.endswith("· prefill") for t in legend), legend
     shot(page, "2_calibrate_overlay")
     # A download: the chart's data as CSV.
