@@ -97,8 +97,14 @@ def browser_page(tmp_path_factory):
 
 
 def shot(page, name: str) -> None:
+    """The whole page: the window is made as tall as the app's scrolling main area first."""
     SHOTS.mkdir(parents=True, exist_ok=True)
+    size = page.viewport_size
+    tall = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]')?.scrollHeight || 0")
+    page.set_viewport_size({"width": size["width"], "height": min(max(tall, size["height"]), 6000)})
+    page.wait_for_timeout(500)  # charts resize to the new window
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    page.set_viewport_size(size)
 
 
 def open_page(page, title: str, heading: str) -> float:
@@ -187,9 +193,14 @@ def test_every_page_in_a_real_browser(server, browser_page):
     page.locator(PLOT).first.wait_for(timeout=30_000)  # the importance chart
     set_number(page, "Seed", 1)
     page.get_by_role("button", name="Run calibration").click()
-    page.get_by_text(re.compile("Calibration of .*stored for next time")).wait_for(timeout=300_000)
+    done.wait_for(state="hidden", timeout=30_000)  # the first run's note goes when this one starts
+    done.wait_for(timeout=300_000)
     wait_idle(page)
-    page.get_by_text(re.compile("Stored calibrations")).click()
+    page.wait_for_timeout(3500)  # the store listing is refreshed every 3 s
+    for _ in range(2):  # a rerun (a toggle, flipped back): the listing now holds both runs
+        page.get_by_text("Spread bands (±1 std)").click()
+        wait_idle(page)
+    page.get_by_text(re.compile(r"Stored calibrations \(2\)")).click()
     wait_idle(page)
     picker = page.get_by_role("combobox", name="Overlay on the importance chart")
     picker.click()
