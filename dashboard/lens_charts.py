@@ -9,7 +9,7 @@ from dashboard.charts import DECODE, FULL, POP, _layout
 
 def commitment_strip(rows: list[dict], n_layers: int, first: int | None = None) -> go.Figure:
     """One row per model, one cell per generated token: the layer from which the token stays
-    the lens's top-1 up to the output (dark = decided early, light = late; grey = never, i.e. a
+    the lens's top-1 up to the output (light = decided early, dark = late; blank = never, i.e. a
     sampled token the model did not rank first). rows: {"name", "pieces", "commit"}."""
     width = max(len(r["commit"]) for r in rows) if rows else 0
     z, text, hover = [], [], []
