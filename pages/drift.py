@@ -2,7 +2,7 @@
 import streamlit as st
 import torch
 
-from dashboard import charts, state, widgets
+from dashboard import charts, repair_panel, state, widgets
 from dashboard.examples import EXAMPLES
 from pop_analysis import drift as dr
 from pop_analysis.generate import encode
@@ -28,6 +28,13 @@ with st.container(border=True):
     st.selectbox("Example", list(EXAMPLES), key="drift.example", on_change=use_example, index=None,
                  placeholder="pick an example (a long one shows more drift) ...")
     prompt = st.text_area("Prompt", key="drift.prompt", height=110)
+    variants = ["pop"] + (["pop_repair"] if repair_panel.stored_key(lm, skip) else [])
+    if st.session_state.get("drift.variant") not in variants:
+        st.session_state.pop("drift.variant", None)
+    variant = st.radio("Compare the full model with", variants, horizontal=True, key="drift.variant",
+                       format_func={"pop": "POP", "pop_repair": repair_panel.SHORT}.get,
+                       help="pop_repair appears once a K/V repair is stored for this skip set "
+                            "(Skip set page)")
     c = st.columns(3)
     steps = c[0].number_input("Decode steps compared", 1, 64, 8, key="drift.steps")
     raw = c[1].checkbox("Raw (no chat template)", key="drift.raw")
@@ -48,9 +55,17 @@ def guarded(label: str, fn):
 
 
 cfg = dr.DriftConfig(decode_steps=int(steps))
+
+
+def measure(bar):
+    ids = encode(lm, prompt or "", raw=raw)
+    if variant == "pop_repair":
+        repair_panel.use_stored(lm, skip)  # under the model lock: the newest stored maps
+    return dr.cached_drift(lm, ids, skip, cfg, progress=bar, variant=variant, notice=st.warning)
+
+
 if go:
-    out = guarded("Drift", lambda bar: dr.cached_drift(lm, encode(lm, prompt or "", raw=raw), skip,
-                                                       cfg, progress=bar, notice=st.warning))
+    out = guarded("Drift", measure)
     if out is not None:
         (res, hit), summary = out
         st.session_state[state.DRIFT] = res

@@ -1,7 +1,7 @@
 """Skip set: ratio slider, presets, clickable layer strip, live ideal speedup and FLOP share."""
 import streamlit as st
 
-from dashboard import charts, state, widgets
+from dashboard import charts, repair_panel, state, widgets
 from pop_analysis.calibrate import suggest_skip
 from pop_analysis.flops import ideal_speedup, prefill_flop_share
 from pop_analysis.skipset import SkipSetError, describe, last_block, preset
@@ -91,3 +91,5 @@ c[3].metric("Prefill FLOPs still spent @ 512 tok", f"{prefill_flop_share(shape, 
 st.caption("Ideal = full prefill FLOPs / POP prefill FLOPs (matmuls only; the boundary token x_N "
            "runs all layers). Measured speedups on the Generate and Sweeps pages reach 75-95% of "
            "it in the paper.")
+
+repair_panel.skip_set_panel(lm, skip)  # beyond the paper: fit and list K/V repairs

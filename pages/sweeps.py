@@ -4,7 +4,7 @@ import datetime
 import streamlit as st
 import torch
 
-from dashboard import charts, data, speed, state, widgets
+from dashboard import charts, data, repair_panel, speed, state, widgets
 from pop_analysis import sweep as sw
 from pop_analysis.allowed_paths import check_source
 
@@ -29,9 +29,10 @@ with st.expander("Run a sweep", expanded=False):
     max_new = c[2].number_input("New tokens", 1, 256, 16, key="sw.len")
     repeats = c[3].number_input("Timing rounds (at least)", 3, 50, 3, key="sw.rep")
     dataset = c[4].text_input("Data set", "gsm8k", key="sw.data", help="gsm8k, wizardlm, builtin, a path")
+    with_repair = repair_panel.sweep_option(lm, kind)  # {} unless pop_repair rows are asked for
     if st.button("Run sweep", type="primary", key="sw.go"):
         cfg = sw.SweepConfig(dataset=dataset, n_samples=int(n_samples), max_new_tokens=int(max_new),
-                             repeats=int(repeats))
+                             repeats=int(repeats), **with_repair)
         try:
             check_source(dataset)  # a path typed here must lie in an allowed folder
             if kind == "adaptive" and calib is None:
