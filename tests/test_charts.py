@@ -1,6 +1,8 @@
 """Pure figure builders and the generation comparison helpers (no streamlit, no model)."""
 import math
 
+import pytest
+
 from dashboard import charts
 from dashboard.streaming import agreement
 
@@ -113,3 +115,15 @@ def test_sweep_table_leads_with_length_and_marks_flagged_speed():
     assert list(table["prefill speedup"]) == ["1.30×", "⚠ 8.08×"]
     assert list(table["IQR"]) == ["1.25–1.35", "1.10–9.00"] and list(table["rounds"]) == [5, 3]
     assert list(table["timing note"]) == ["", "8.08x is more than 10% above the ideal 1.43x"]
+
+def test_quality_charts_carry_95_percent_error_bars():
+    rows = [{"variant": "full", "skip_ratio": 0.0, "continuation_nll": 1.0,
+             "continuation_nll_ci": [0.9, 1.1], "prefill_speedup": 1.0, "ideal_speedup": 1.0},
+            {"variant": "pop", "skip_ratio": 0.33, "continuation_nll": 1.2,
+             "continuation_nll_ci": [1.0, 1.5], "prefill_speedup": 1.3, "ideal_speedup": 1.46}]
+    fig = charts.quality_chart(rows, "continuation_nll")
+    bars = fig.data[0].error_y
+    assert list(bars.array) == pytest.approx([0.1, 0.3]) and list(bars.arrayminus) == pytest.approx([0.1, 0.2])
+    ratio = charts.ratio_chart(rows, "continuation_nll")
+    q = next(t for t in ratio.data if t.name.startswith("continuation_nll"))
+    assert list(q.error_y.array) == pytest.approx([0.1, 0.3]) and q.yaxis == "y2"
