@@ -131,7 +131,8 @@ def delta_text(row: dict, metric: str, pct: bool = False, digits: int = 3) -> st
 
 
 def comparison_rows(rows, metrics=None) -> list[dict]:
-    """One dict per row: its label, n and `delta_text` of each metric any row carries."""
+    """One dict per row: its label, n and `delta_text` of each metric any row carries (a dash
+    where the row has none, e.g. the full model itself)."""
     metrics = [m for m in (metrics or METRICS)
                if any(r.get(f"{m}_delta") is not None for r in rows)]
     out = []
@@ -141,5 +142,5 @@ def comparison_rows(rows, metrics=None) -> list[dict]:
             label = f"{label} {r.get('skip_ratio', 0):.2f}"
         elif r.get("kind") == "length":
             label = f"{label} @ {r.get('length')} tokens"
-        out.append({"row": label, "n": r.get("n"), **{m: delta_text(r, m) for m in metrics}})
+        out.append({"row": label, "n": r.get("n"), **{m: delta_text(r, m) or "—" for m in metrics}})
     return out

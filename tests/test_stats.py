@@ -109,4 +109,4 @@ def test_delta_text_never_reads_an_overlap_as_a_win():
     assert delta_text(mc, "acc", pct=True) == f"+1.0 [-2.0, +4.0] {NO_CHANGE}"
     table = comparison_rows([{"variant": "full", "n": 64}, {**worse, **same}])
     assert [r["row"] for r in table] == ["full", "pop"]
-    assert table[0]["continuation_nll"] is None and table[1]["retrieval_acc"].endswith(NO_CHANGE)
+    assert table[0]["continuation_nll"] == "—" and table[1]["retrieval_acc"].endswith(NO_CHANGE)
