@@ -339,13 +339,35 @@ def speed_traces(fig: go.Figure, x: list, rows: list[dict]) -> go.Figure:
     return fig
 
 
+def quality_trace(x: list, rows: list[dict], quality: str, **kw) -> go.Scatter:
+    """A quality metric with its 95% interval as error bars (none where n < 2)."""
+    y = [r.get(quality) for r in rows]
+    cis = [r.get(f"{quality}_ci") or [v, v] if v is not None else [0, 0] for r, v in zip(rows, y)]
+    return go.Scatter(
+        x=x, y=y, name=f"{quality} (95% interval)", mode="lines+markers", line=dict(color=DECODE),
+        error_y=dict(type="data", symmetric=False, color=DECODE, thickness=1.2,
+                     array=[hi - v if v is not None else 0 for (_, hi), v in zip(cis, y)],
+                     arrayminus=[v - lo if v is not None else 0 for (lo, _), v in zip(cis, y)]),
+        hovertemplate="%{y:.3f}<extra></extra>", **kw)
+
+
+def quality_chart(rows: list[dict], quality: str) -> go.Figure:
+    """One quality metric per variant with its 95% interval; the full model's value as a line."""
+    fig = go.Figure(quality_trace([r["variant"] for r in rows], rows, quality))
+    fig.data[0].mode = "markers"
+    full = next((r.get(quality) for r in rows if r.get("variant") == "full"), None)
+    if full is not None:
+        fig.add_hline(y=full, line=dict(color=FULL, dash="dot"), annotation_text="full model")
+    fig.update_yaxes(title=quality)
+    return _layout(fig, f"{quality} per variant (error bars: 95% intervals)", height=360)
+
+
 def ratio_chart(rows: list[dict], quality: str, paper: dict | None = None) -> go.Figure:
     """Measured / ideal prefill speedup and a quality metric over skip ratios (+ paper's Table 4)."""
     rows = sorted(rows, key=lambda r: r["skip_ratio"])
     x = [r["skip_ratio"] for r in rows]
     fig = speed_traces(go.Figure(), x, rows)
-    fig.add_trace(go.Scatter(x=x, y=[r.get(quality) for r in rows], name=quality, yaxis="y2",
-                             mode="lines+markers", line=dict(color=DECODE)))
+    fig.add_trace(quality_trace(x, rows, quality, yaxis="y2"))
     if paper:
         fig.add_trace(go.Scatter(x=paper["ratio"], y=paper["speedup"], name="paper: speedup",
                                  mode="markers", marker=dict(symbol="x", color=POP, size=9)))

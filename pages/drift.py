@@ -3,7 +3,7 @@ import datetime
 
 import streamlit as st
 
-from dashboard import charts, data, exports, jobs, state, widgets
+from dashboard import charts, data, exports, jobs, repair_panel, state, widgets
 from dashboard.examples import EXAMPLES
 from pop_analysis import drift as dr
 from pop_analysis.errors import first_line
@@ -41,19 +41,31 @@ with st.container(border=True):
     st.selectbox("Example", list(EXAMPLES), key="drift.example", on_change=use_example, index=None,
                  placeholder="pick an example (a long one shows more drift) ...")
     prompt = st.text_area("Prompt", key=state.kept("drift.prompt", ""), height=110)
+    variants = ["pop"] + (["pop_repair"] if repair_panel.stored_key(lm, skip) else [])
+    variant = st.radio("Compare the full model with", variants, horizontal=True,
+                       key=state.kept("drift.variant", "pop", variants),
+                       format_func={"pop": "POP", "pop_repair": repair_panel.SHORT}.get,
+                       help="pop_repair appears once a K/V repair is stored for this skip set "
+                            "(Skip set page)")
     c = st.columns(3, vertical_alignment="bottom")
     steps = c[0].number_input("Decode steps compared", 1, 64, key=state.kept("drift.steps", 8))
     raw = c[1].checkbox("Raw (no chat template)", key=state.kept("drift.raw", False))
     go = c[2].button("Measure drift", type="primary", key="drift.go",
                      disabled=jobs.running("drift"))
     cfg = dr.DriftConfig(decode_steps=int(steps))
-    now = {"prompt": prompt, "skip set": describe(skip), "decode steps": int(steps), "raw": raw}
+    now = {"prompt": prompt, "variant": variant, "skip set": describe(skip),
+           "decode steps": int(steps), "raw": raw}
+
+    def measure(p):
+        if variant == "pop_repair":
+            repair_panel.use_stored(lm, skip)  # under the model lock: the newest stored maps
+        return dr.cached_drift(lm, ids, skip, cfg, progress=p, variant=variant, notice=p.notice)
+
     if go:
         try:
             ids = encode(lm, prompt or "", raw=raw)
-            jobs.start("drift", "Measuring drift", lambda p: dr.cached_drift(lm, ids, skip, cfg,
-                                                                              progress=p, notice=p.notice),
-                       outcome(state.DRIFT, "Drift"), context=now)
+            jobs.start("drift", "Measuring drift", measure, outcome(state.DRIFT, "Drift"),
+                       context=now)
         except ValueError as e:
             st.error(f"Drift failed: {first_line(e)}")
     jobs.panel("drift")

@@ -4,7 +4,7 @@ import html
 import streamlit as st
 import torch
 
-from dashboard import charts, exports, lens_charts, speed, state, widgets
+from dashboard import charts, exports, lens_charts, repair_panel, speed, state, widgets
 from dashboard.examples import EXAMPLES
 from dashboard.resources import warmed_up
 from dashboard.streaming import agreement, output_html, readable_text, stream_variant, token_pieces
@@ -16,9 +16,10 @@ from pop_analysis.skipset import SkipSetError, describe, preset, validate
 VARIANTS = {"pop": "POP (independent KV + boundary)", "pop_no_kv": "ablation: without independent KV",
             "pop_no_boundary": "ablation: without boundary handling",
             "static": "static: layers removed in prefill and decode", "shallow": "ablation: shallow block",
-            "interleaved": "ablation: interleaved layers"}
+            "interleaved": "ablation: interleaved layers", "pop_repair": repair_panel.LABEL}
 SHORT = {"pop": "POP", "pop_no_kv": "POP without KV", "pop_no_boundary": "POP without boundary",
-         "static": "static", "shallow": "POP (shallow)", "interleaved": "POP (interleaved)"}
+         "static": "static", "shallow": "POP (shallow)", "interleaved": "POP (interleaved)",
+         "pop_repair": repair_panel.SHORT}
 
 st.title("Generate: full vs POP")
 lm = widgets.model_or_stop()
@@ -35,8 +36,11 @@ st.selectbox("Example", list(EXAMPLES), key="gen.example", on_change=use_example
 prompt = st.text_area("Prompt", key=state.kept("gen.prompt", ""), height=140,
                       placeholder="Type a prompt or pick an example")
 c = st.columns([2, 1, 1, 1])
-variant = c[0].selectbox("Compare the full model with", list(VARIANTS), format_func=VARIANTS.get,
-                         key=state.kept("gen.variant", "pop"))
+offered = [v for v in VARIANTS if v != "pop_repair" or repair_panel.stored_key(lm, skip)]
+variant = c[0].selectbox("Compare the full model with", offered, format_func=VARIANTS.get,
+                         key=state.kept("gen.variant", "pop", offered),
+                         help="pop_repair appears once a K/V repair is stored for this skip set "
+                              "(Skip set page)")
 mode = c[1].radio("Decoding", ("greedy", "sampling"), key=state.kept("gen.mode", "greedy"),
                   horizontal=True)
 max_new = c[2].number_input("New tokens", 1, 512, key=state.kept("gen.max_new", 32))
@@ -75,6 +79,8 @@ if clicked:
         engine = "pop" if variant in ("shallow", "interleaved") else variant
         with widgets.run_lock():
             warmed_up(*state.model_spec().key)
+            if engine == "pop_repair":
+                repair_panel.use_stored(lm, run_skip)  # the newest stored maps for this skip set
             full = stream_variant(lm, ids, "full", (), cfg, live(out["full"]))
             other = stream_variant(lm, ids, engine, run_skip, cfg, live(out["other"]))
         measured = speed.measure(lm, state.model_spec().key, ids, engine, run_skip)

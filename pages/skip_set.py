@@ -5,7 +5,7 @@ before it is drawn, so a change from any of them (or from the sidebar box) shows
 """
 import streamlit as st
 
-from dashboard import charts, exports, state, widgets
+from dashboard import charts, exports, repair_panel, state, widgets
 from pop_analysis.calibrate import suggest_skip
 from pop_analysis.flops import ideal_speedup, prefill_flop_share
 from pop_analysis.skipset import SkipSetError, describe, last_block, preset
@@ -118,3 +118,5 @@ rows = [{"layer": i, "skipped": i in skip, "prefill_importance": scores[i] if sc
 exports.offer("skip_set", data={"model": lm.name, "n_layers": n, "skip": list(skip),
                                 "layers": rows},
               rows=rows, figures={"layer_strip": fig})
+
+repair_panel.skip_set_panel(lm, skip)  # beyond the paper: fit and list K/V repairs

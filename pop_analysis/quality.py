@@ -110,3 +110,37 @@ def gsm8k_exact_match(lm: LoadedModel, n_samples: int = 8, variant: str = "pop",
             "n_shot": n_shot, "note": evalset.note, "outputs": scores[v.name].outputs,
             **{k: fields.get(k) for k in ("exact_match", "exact_match_ci", "exact_match_delta",
                                           "exact_match_delta_ci", "exact_match_delta_p")}}
+
+
+def delta_text(row: dict, metric: str, pct: bool = False, digits: int = 3) -> str | None:
+    """'+0.153 [+0.136, +0.171] worse' for a row's paired difference from the full model (in
+    points with `pct`); an interval that includes 0 reads 'no measurable change', never a win;
+    McNemar's p follows for accuracies. None: the row has no difference for `metric`."""
+    d, ci = row.get(f"{metric}_delta"), row.get(f"{metric}_delta_ci")
+    if d is None:
+        return None
+    f = (lambda x: f"{100 * x:+.1f}") if pct else (lambda x: f"{x:+.{digits}f}")
+    if not ci:
+        return f"{f(d)} (no interval: fewer than 2 items)"
+    e = stats.Estimate(row.get("n") or 0, d, tuple(ci), "")
+    m = METRICS.get(metric)
+    word = stats.verdict(e, m.higher_is_better) if m else stats.NO_CHANGE if e.includes(0) else ""
+    text = f"{f(d)} [{f(ci[0])}, {f(ci[1])}] {word}".rstrip()
+    p = row.get(f"{metric}_delta_p")
+    return text + (f", p = {p:.2g}" if p is not None else "")
+
+
+def comparison_rows(rows, metrics=None) -> list[dict]:
+    """One dict per row: its label, n and `delta_text` of each metric any row carries (a dash
+    where the row has none, e.g. the full model itself)."""
+    metrics = [m for m in (metrics or METRICS)
+               if any(r.get(f"{m}_delta") is not None for r in rows)]
+    out = []
+    for r in rows:
+        label = r.get("variant", "")
+        if r.get("kind") == "ratio":
+            label = f"{label} {r.get('skip_ratio', 0):.2f}"
+        elif r.get("kind") == "length":
+            label = f"{label} @ {r.get('length')} tokens"
+        out.append({"row": label, "n": r.get("n"), **{m: delta_text(r, m) or "—" for m in metrics}})
+    return out

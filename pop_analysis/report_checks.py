@@ -75,11 +75,12 @@ def ablation_findings(t3, t3r) -> list[str]:
     if "pop" in pruned:
         best = min(pruned, key=lambda v: nll[v]["continuation_nll_delta"])
         others = [v for v in pruned if v != "pop" and acc.get(v)]
-        top = bool(acc) and all((acc[v].get("retrieval_acc") or 0) <= (pop or {}).get("retrieval_acc", 0)
-                                for v in others)
+        top = None if not acc else all((acc[v].get("retrieval_acc") or 0)
+                                       <= (pop or {}).get("retrieval_acc", 0) for v in others)
+        said = {True: "is the highest", False: "is not the highest", None: "not measured"}[top]
+        ok = False if best != "pop" else top
         out.append(f"POP is the best of the pruned designs (paper: on both tasks): ours smallest "
-                   f"ΔNLL is {best}'s, POP's retrieval is {'' if top else 'not '}the highest: "
-                   f"{_verdict(best == 'pop' and top)}.")
+                   f"ΔNLL is {best}'s, POP's retrieval {said}: {_verdict(ok)}.")
     for v, claim in (("shallow", "shallow pruning collapses"),
                      ("pop_no_kv", "without independent KV the model collapses"),
                      ("static", "removing the layers in decode too (stage-agnostic) collapses")):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .paper import PAPER_TABLES
+from .quality import delta_text
 from .report import PARTS, ReportConfig
 from .report_checks import findings
 from .skipset import describe
@@ -24,17 +25,8 @@ def num(v, ci=None, digits: int = 3, pct: bool = False) -> str:
 
 
 def delta(row: dict | None, m: str, pct: bool = False, digits: int = 3) -> str:
-    """The paired difference from the full model with its interval; 'no measurable change'
-    when the interval includes 0 (never read as a win)."""
-    if not row or row.get(f"{m}_delta") is None:
-        return DASH
-    d, ci = row[f"{m}_delta"], row.get(f"{m}_delta_ci")
-    text = num(d, ci, digits, pct)
-    if ci and ci[0] <= 0 <= ci[1]:
-        text += " (no measurable change)"
-    if row.get(f"{m}_delta_p") is not None:
-        text += f", p = {row[f'{m}_delta_p']:.2g}"
-    return text
+    """quality.delta_text, a dash where the row has no difference from the full model."""
+    return (row and delta_text(row, m, pct, digits)) or DASH
 
 
 def by(rows, key: str = "variant") -> dict:
@@ -147,7 +139,8 @@ def write_report(results: dict, cfg: ReportConfig, model: str, out: Path, comman
           "of the reference GSM8K answer, the prompt read by the variant and the answer "
           "teacher-forced; KL and top-1 compare the variant's next-token distribution with the "
           "full model's on every answer token. Retrieval: the synthetic pass-code task "
-          f"(one distractor, ~{L} tokens), greedy exact match. Speedups are prefill (TTFT) "
+          f"(one distractor, the key named before and after the notes, ~{L} tokens), greedy "
+          "exact match of the first number generated. Speedups are prefill (TTFT) "
           "ratios from the timing protocol (full and variant alternated, order swapped every "
           "round, median with the interquartile range of the rounds in brackets) on this "
           "machine's CPU.", "", "## Conditions", "",

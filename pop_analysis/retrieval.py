@@ -1,9 +1,11 @@
 """A deterministic synthetic long-context retrieval task (needle in a haystack).
 
-Each item is a block of bland filler sentences holding a few "pass code" facts; one of them (the
-needle) sits at a chosen depth and the question at the end asks for its code. The answer is a
-4-digit number scored by exact match. Reading the prompt is exactly what POP prunes, so this is
-where pruning the prefill is most likely to hurt, and more so as the context grows.
+Each item is a block of bland filler sentences holding a few (by default two) "pass code" facts;
+one of them (the needle) sits at a chosen depth. The heading names the key wanted and the question
+at the end asks for its code (asking first too lets a 135M model find early needles in 2048
+tokens). The answer is a 4-digit number scored by exact match. Reading the prompt is exactly what
+POP prunes, so this is where pruning the prefill is most likely to hurt, and more so as the
+context grows.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ FILLER = (
     "The council meets on the first Monday of each month.",
 )
 INSTRUCTION = "Notes (some give pass codes):\n\n"
+ASK_FIRST = "Find the pass code for the {key} in these notes (some give pass codes):\n\n"
 
 
 class RetrievalError(ValueError):
@@ -55,7 +58,9 @@ class RetrievalConfig:
     n_items: int = 8  # items in the set
     length: int = 512  # target prompt length in tokens (template included; ~100 at least)
     depths: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)  # needle depth, cycled over items
-    distractors: int = 1  # other pass-code facts at random depths (1: the full model scores >= 0.9)
+    distractors: int = 1  # other pass-code facts at random depths (docs/evaluation.md: the full
+    #   model scores >= 0.9 at 512 tokens, >= 0.8 at 2048 with one and ask_first)
+    ask_first: bool = True  # name the key before the notes too: lifts the full model at 2048 tokens
     seed: int = 0  # everything is drawn from random.Random(seed)
     raw: bool = False  # no chat template
 
@@ -68,7 +73,8 @@ def question(key: str) -> str:
     return f"\n\nQuestion: what is the pass code for the {key}? Answer with the four-digit code only."
 
 
-def build_item_text(rng: random.Random, n_filler: int, depth: float, distractors: int):
+def build_item_text(rng: random.Random, n_filler: int, depth: float, distractors: int,
+                    ask_first: bool = False):
     """(prompt text, needle key, code): filler with the needle at `depth` of the sentences."""
     keys = rng.sample([f"{c} {o}" for c in COLOURS for o in OBJECTS], distractors + 1)
     codes = rng.sample(range(1000, 10000), distractors + 1)
@@ -77,7 +83,8 @@ def build_item_text(rng: random.Random, n_filler: int, depth: float, distractors
         sentences.insert(rng.randrange(len(sentences) + 1), fact(key, str(code)))
     at = round(depth * len(sentences))
     sentences.insert(at, fact(keys[0], str(codes[0])))
-    return INSTRUCTION + " ".join(sentences) + question(keys[0]), keys[0], str(codes[0])
+    head = ASK_FIRST.format(key=keys[0]) if ask_first else INSTRUCTION
+    return head + " ".join(sentences) + question(keys[0]), keys[0], str(codes[0])
 
 
 def answer_prefix(key: str) -> str:
@@ -107,7 +114,7 @@ def retrieval_items(lm: LoadedModel, cfg: RetrievalConfig = RetrievalConfig()) -
     items = []
     for i in range(cfg.n_items):
         depth = cfg.depths[i % len(cfg.depths)]
-        text, key, code = build_item_text(rng, n_filler, depth, cfg.distractors)
+        text, key, code = build_item_text(rng, n_filler, depth, cfg.distractors, cfg.ask_first)
         ids, ref = _encode_item(lm, text, key, code, cfg.raw)
         items.append(EvalItem(tuple(ids), tuple(ref), code, text,
                               {"depth": depth, "length": len(ids), "key": key,
@@ -118,7 +125,7 @@ def retrieval_items(lm: LoadedModel, cfg: RetrievalConfig = RetrievalConfig()) -
 def min_length(lm: LoadedModel, cfg: RetrievalConfig) -> int:
     """Tokens of an item with no filler at all (template, instruction, facts, question)."""
     rng = random.Random(cfg.seed)
-    text, key, code = build_item_text(rng, 0, 0.5, cfg.distractors)
+    text, key, code = build_item_text(rng, 0, 0.5, cfg.distractors, cfg.ask_first)
     return len(_encode_item(lm, text, key, code, cfg.raw)[0])
 
 

@@ -197,3 +197,16 @@ def test_outputs_hide_special_tokens_and_cut_blank_line_runs():
     assert pieces[-1] == ("<|im_end|>", True)
     assert readable_text(_Tok(), ids) == "Hi\n \nthere"
     assert readable_text(_Tok(), [0, 1, 4]) == "Hi\nthere", "a single newline stays"
+
+
+def test_quality_charts_carry_95_percent_error_bars():
+    rows = [{"variant": "full", "skip_ratio": 0.0, "continuation_nll": 1.0,
+             "continuation_nll_ci": [0.9, 1.1], "prefill_speedup": 1.0, "ideal_speedup": 1.0},
+            {"variant": "pop", "skip_ratio": 0.33, "continuation_nll": 1.2,
+             "continuation_nll_ci": [1.0, 1.5], "prefill_speedup": 1.3, "ideal_speedup": 1.46}]
+    fig = charts.quality_chart(rows, "continuation_nll")
+    bars = fig.data[0].error_y
+    assert list(bars.array) == pytest.approx([0.1, 0.3]) and list(bars.arrayminus) == pytest.approx([0.1, 0.2])
+    ratio = charts.ratio_chart(rows, "continuation_nll")
+    q = next(t for t in ratio.data if t.name.startswith("continuation_nll"))
+    assert list(q.error_y.array) == pytest.approx([0.1, 0.3]) and q.yaxis == "y2"

@@ -169,12 +169,18 @@ def test_retrieval_items_are_deterministic_and_hold_the_needle(embedded):
         # the prompt ends with the answer's first words, so the code comes next
         assert tok.decode(list(item.prompt_ids[-6:])).rstrip().endswith(f"{key} is")
         assert tok.decode(list(item.reference_ids[:1])) == code[0]  # digits come first
+        # the key is asked for before the notes as well as after them
+        assert item.text.startswith(f"Find the pass code for the {key} in these notes")
     sentences = [it.text.split("\n\n")[1].split(". ") for it in a]
     at = [next(i for i, s in enumerate(ss) if a[k].meta["key"] in s)
           for k, ss in enumerate(sentences)]
     assert at[0] < at[1] < at[2], at  # depth 0, 0.5, 1 of the notes
     other = retrieval_items(embedded, RetrievalConfig(n_items=3, length=300, seed=1))
     assert [i.answer for i in other] != [i.answer for i in a]
+    plain = retrieval_items(embedded, RetrievalConfig(n_items=3, length=300, depths=(0.0, 0.5, 1.0),
+                                                       ask_first=False))
+    assert all(i.text.startswith("Notes (some give pass codes):") and i.meta["key"] in i.text
+               for i in plain)  # the old heading: the key is named only by the question
 
 
 def test_retrieval_rejects_impossible_configs(embedded, lm):

@@ -98,6 +98,8 @@ def test_verdicts_follow_the_intervals():
                       row("shallow", 0.0, (0.0, 0.6), -1.0, (-1.0, 0.3))]}
     lines = ablation_findings(nll, vague)
     assert "**inconclusive**" in lines[0] and "**inconclusive**" in lines[2]
+    lines = ablation_findings(nll, None)  # retrieval not computed yet: nothing decided on it
+    assert "retrieval not measured" in lines[1] and "**inconclusive**" in lines[1]
 
 
 def test_ratio_verdicts():

@@ -88,3 +88,25 @@ def test_required_n_matches_the_t_interval():
     width = lambda k: 2 * st.t.ppf(0.975, k - 1) * 0.2 / math.sqrt(k)  # noqa: E731
     assert width(n) < 0.05 <= width(n - 1)
     assert required_n(0.0, 0.05) == 2
+
+
+def test_delta_text_never_reads_an_overlap_as_a_win():
+    from pop_analysis.quality import comparison_rows, delta_text
+
+    worse = {"variant": "pop", "n": 64, "continuation_nll_delta": 0.15,
+             "continuation_nll_delta_ci": [0.13, 0.17]}
+    same = {"variant": "pop", "n": 64, "retrieval_acc_delta": 0.02,
+            "retrieval_acc_delta_ci": [-0.03, 0.07]}
+    assert delta_text(worse, "continuation_nll") == "+0.150 [+0.130, +0.170] worse"
+    assert delta_text(same, "retrieval_acc").endswith(NO_CHANGE)
+    assert delta_text({"retrieval_acc_delta": 0.5, "retrieval_acc_delta_ci": None},
+                      "retrieval_acc") == "+0.500 (no interval: fewer than 2 items)"
+    assert delta_text({"variant": "full"}, "continuation_nll") is None
+    lost = {"n": 200, "retrieval_acc_delta": -0.1, "retrieval_acc_delta_ci": [-0.15, -0.05],
+            "retrieval_acc_delta_p": 0.0012}
+    assert delta_text(lost, "retrieval_acc", pct=True) == "-10.0 [-15.0, -5.0] worse, p = 0.0012"
+    mc = {"n": 200, "acc_delta": 0.01, "acc_delta_ci": [-0.02, 0.04]}  # a metric of lm-eval's
+    assert delta_text(mc, "acc", pct=True) == f"+1.0 [-2.0, +4.0] {NO_CHANGE}"
+    table = comparison_rows([{"variant": "full", "n": 64}, {**worse, **same}])
+    assert [r["row"] for r in table] == ["full", "pop"]
+    assert table[0]["continuation_nll"] == "—" and table[1]["retrieval_acc"].endswith(NO_CHANGE)
