@@ -70,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from pop_analysis import calibrate as cal
-    from pop_analysis import drift as dr
+    from pop_analysis import drift as dr, drift_length
     from pop_analysis import sweep as sw
     from pop_analysis.data import load_prompts
     from pop_analysis.models import load_model
@@ -84,8 +84,9 @@ def main() -> None:
                                lambda p: sw.ratio_sweep(lm, cfg, progress=p)))
     if "drift" in parts:
         out["runs"].append(run("drift vs length 16, 256, 1024, 2048 (8 steps)",
-                               lambda p: dr.drift_by_length(lm, [16, 256, 1024, 2048], range(20, 30),
-                                                            dr.DriftConfig(), progress=p)))
+                               lambda p: drift_length.drift_by_length(
+                                   lm, [16, 256, 1024, 2048], range(20, 30), dr.DriftConfig(),
+                                   progress=p)))
     if "calibration" in parts:
         prompts = load_prompts("builtin", limit=32)
         cfg = cal.CalibrationConfig(n_samples=32, max_new_tokens=32, batch_size=16)

@@ -5,7 +5,7 @@ import streamlit as st
 
 from dashboard import charts, data, exports, jobs, repair_panel, state, widgets
 from dashboard.examples import EXAMPLES
-from pop_analysis import drift as dr
+from pop_analysis import drift as dr, drift_length
 from pop_analysis.errors import first_line
 from pop_analysis.generate import encode
 from pop_analysis.progress import duration
@@ -150,7 +150,7 @@ lengths = c[0].multiselect("Prompt lengths (tokens)", [16, 32, 64, 128, 256, 512
 len_now = {"lengths": sorted(lengths), "skip set": describe(skip), "decode steps": int(steps)}
 if c[1].button("Measure vs length", key="drift.len_go",
                disabled=not lengths or jobs.running("drift_length")):
-    jobs.start("drift_length", "Drift vs length", lambda p: dr.cached_drift_by_length(
+    jobs.start("drift_length", "Drift vs length", lambda p: drift_length.cached_drift_by_length(
         lm, sorted(lengths), skip, cfg, progress=p, notice=p.notice),
         outcome(state.DRIFT_LENGTH, "Drift vs length"),
         context=len_now)

@@ -6,7 +6,8 @@ import torch
 
 from pop_analysis import cli, drift as drift_mod, store
 from pop_analysis.drift import (DriftConfig, DriftError, DriftResult, average, cached_drift, cosine,
-                                drift, drift_by_length, kl_full_pop, length_prompts)
+                                drift, kl_full_pop)
+from pop_analysis.drift_length import drift_by_length, length_prompts
 from tiny import FAMILIES, tiny_model, tiny_prompt
 
 CFG = DriftConfig(decode_steps=4, max_tokens_plot=256)

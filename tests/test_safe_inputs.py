@@ -183,7 +183,7 @@ def test_unterminated_csv_quote_names_the_file_and_line(tmp_path):
 
 def test_latin1_text_source_names_the_file(embedded, tmp_path, capsys, monkeypatch):
     import pop_analysis.commands.drift as command
-    from pop_analysis.drift import read_texts
+    from pop_analysis.drift_length import read_texts
 
     path = tmp_path / "latin1.txt"
     path.write_bytes("Caf\u00e9 au lait, cr\u00e8me br\u00fbl\u00e9e.\n".encode("latin-1"))

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..data import load_prompts
-from ..drift import (QUANTITIES, DriftConfig, average, cached_drift, cached_drift_by_length,
-                     read_texts)
+from ..drift import QUANTITIES, DriftConfig, average, cached_drift
+from ..drift_length import cached_drift_by_length, read_texts
 from ..generate import encode
 from ..pop import check_prompt
 from ..progress import terminal_bar
