@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from apptest_util import wait_jobs
 from dashboard.streaming import agreement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,17 +48,6 @@ def goto(at: AppTest, page: str) -> AppTest:
 
 def charts(at: AppTest) -> list:
     return at.get("plotly_chart")
-
-
-def wait_jobs(at: AppTest, timeout: float = 300) -> AppTest:
-    """Rerun until the session's background runs have finished and been filed."""
-    end = time.time() + timeout
-    while at.session_state["lab.jobs"] if "lab.jobs" in at.session_state else False:
-        assert time.time() < end, "a background run did not finish"
-        time.sleep(0.3)
-        at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def notes(at: AppTest) -> str:

@@ -2,12 +2,12 @@
 repairs; Generate, Drift and Sweeps offer pop_repair only where a stored repair exists for the
 model and skip set. One fit (layers 20-29, the paper's third; 48 built-in prompts) in a temporary
 store."""
-import time
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from apptest_util import wait_jobs
 from dashboard.repair_panel import LABEL
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
@@ -33,17 +33,6 @@ def page(name: str, skip=SKIP) -> AppTest:
     at.session_state["lab.skip"] = tuple(skip)
     at.session_state["lab.skip_n_layers"] = 30
     at.switch_page(f"../pages/{name}.py").run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def settle(at: AppTest, timeout: float = 300) -> AppTest:
-    """Rerun until background runs (where the page has them) have finished and been filed."""
-    end = time.time() + timeout
-    while at.session_state["lab.jobs"] if "lab.jobs" in at.session_state else False:
-        assert time.time() < end, "a background run did not finish"
-        time.sleep(0.3)
-        at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 
@@ -99,7 +88,7 @@ def test_fit_lists_the_repair_and_the_pages_offer_pop_repair():
     at.text_area(key="drift.prompt").set_value("Explain photosynthesis in two sentences.")
     at.number_input(key="drift.steps").set_value(2)
     at.radio(key="drift.variant").set_value("pop_repair")
-    settle(at.button(key="drift.go").click().run())
+    wait_jobs(at.button(key="drift.go").click().run())
     res = at.session_state["lab.drift"]
     assert res.variant == "pop_repair" and res.skip_layers == list(SKIP)
 
