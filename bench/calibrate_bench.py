@@ -11,6 +11,9 @@ speed: timing.measure with full = previous algorithm, variant = current (warm-up
   --rounds 0 times the current path once (after a 2-prompt warm-up), without the previous one.
 bf16: the current path in fp32 and under CPU bfloat16 autocast on the same prompts; Spearman
   (scipy) of the per-layer importance of both stages, and the speed of each (one run each).
+batch: the current path with each of --sizes as batch size on the same prompts, two rounds in
+  opposite orders (one warm-up first); median seconds, samples/s and the peak resident memory
+  above the loaded model (VmHWM, reset before each run) per size.
 Each prints one JSON object with the conditions: threads, load average, other processes' CPU use.
 """
 from __future__ import annotations
@@ -138,20 +141,54 @@ def bf16(lm, args) -> dict:
             **rates, **conditions()}
 
 
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith(field + ":")))
+
+
+def batch_sizes(lm, args) -> dict:
+    prompts = prompt_set(args.dataset, args.prompts)
+    calibrate(lm, prompts, CalibrationConfig(n_samples=2, max_new_tokens=4, seed=args.seed))
+    sizes = [int(x) for x in args.sizes.split(",")]
+    runs: dict[int, list] = {s: [] for s in sizes}
+    for order in (sizes, sizes[::-1]):
+        for size in order:
+            cfg = CalibrationConfig(n_samples=args.prompts, max_new_tokens=args.max_new_tokens,
+                                    seed=args.seed, batch_size=size)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current resident size
+            base = _rss_kib("VmRSS")
+            t0 = time.perf_counter()
+            calibrate(lm, prompts, cfg)
+            runs[size].append((time.perf_counter() - t0, (_rss_kib("VmHWM") - base) / 2 ** 20))
+    rows = []
+    for size in sizes:
+        secs = sorted(r[0] for r in runs[size])
+        med = secs[len(secs) // 2] if len(secs) % 2 else sum(secs) / len(secs)
+        rows.append({"batch_size": size, "seconds": [round(x, 2) for x in secs],
+                     "samples_per_s": round(args.prompts / med, 3),
+                     "peak_gib_above_model": round(max(r[1] for r in runs[size]), 2)})
+    return {"dataset": prompts.name, "prompts": args.prompts,
+            "max_new_tokens": args.max_new_tokens, "seed": args.seed, "sizes": rows,
+            **conditions()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("speed", "bf16"))
+    ap.add_argument("what", choices=("speed", "bf16", "batch"))
     ap.add_argument("--dataset", default="wizardlm", help="wizardlm, builtin, or a prompt file")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sizes", default="8,16,32,64", help="batch sizes compared by 'batch'")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds of both paths (0: new only)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lm = load_model(device="cpu")
-    print(json.dumps((speed if args.what == "speed" else bf16)(lm, args)), flush=True)
+    run = {"speed": speed, "bf16": bf16, "batch": batch_sizes}[args.what]
+    print(json.dumps(run(lm, args)), flush=True)
 
 
 if __name__ == "__main__":
