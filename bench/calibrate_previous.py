@@ -12,20 +12,7 @@ import torch
 
 from pop_analysis.calibrate import gate_gradients, pack, sample_seed
 from pop_analysis.fisher import left_pad
-from pop_analysis.generate import SamplingConfig, eos_ids
-
-
-def pick(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator) -> torch.Tensor:
-    """Top-p sampling as it was: a full sort of the vocabulary per row (generate.nucleus now ranks
-    a topk first; both keep the same tokens, the tests compare them)."""
-    if cfg.temperature <= 0:
-        return logits.argmax(-1, keepdim=True)  # (B, 1)
-    probs = torch.softmax(logits / cfg.temperature, dim=-1)  # (B, V)
-    if cfg.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)  # (B, V)
-        drop = sorted_p.cumsum(-1) - sorted_p > cfg.top_p
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-    return torch.multinomial(probs, 1, generator=gen)  # (B, 1)
+from pop_analysis.generate import SamplingConfig, eos_ids, pick
 
 
 @torch.inference_mode()

@@ -83,7 +83,6 @@ def forward_key(a, kw) -> str:
 def instrument(lm) -> Phases:
     ad, p = lm.adapter, Phases()
     p.wrap(ad, "forward_padded", forward_key)
-    p.wrap(ad, "decode_step", lambda a, kw: "sampling steps: decoder layers")
     p.wrap(ad, "head", lambda a, kw: "lm_head (loss positions, autograd)" if torch.is_grad_enabled()
            else "sampling steps: lm_head")
     p.wrap(ad, "head_vjp", lambda a, kw: "dL/dh through lm_head weight")
@@ -122,7 +121,7 @@ def decode_step_split(lm, rows: int, context: int, steps: int = 8) -> dict:
 
         def step(i):
             m = torch.ones(rows, context + i + 1, dtype=torch.long)
-            return ad.decode_step(tok, m, torch.full((rows, 1), context + i), cache)
+            return ad.forward_padded(tok, m, torch.full((rows, 1), context + i), cache)
         step(0)
         t0 = time.perf_counter()
         for i in range(1, steps + 1):

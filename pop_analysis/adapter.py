@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 from .adapter_cache import fork
-from .adapter_decode import lean_decode, lean_decode_ok
 
 # Keyword names of the pinned transformers range (see requirements.txt).
 CACHE_KWARG = "past_key_values"
@@ -350,14 +349,6 @@ class DecoderAdapter:
         out = self.base(input_ids=ids, attention_mask=mask, position_ids=pos,
                         use_cache=cache is not None, **kwargs)
         return out.last_hidden_state  # (B, T, D)
-
-    def decode_step(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-                    cache) -> torch.Tensor:
-        """forward_padded for one new position per row; adapter_decode's lean step where it
-        applies (no autograd, no hooks, a forked cache). Returns (B, 1, D)."""
-        if ids.shape[1] == 1 and lean_decode_ok(self, cache):
-            return lean_decode(self, ids, mask, pos, cache)
-        return self.forward_padded(ids, mask, pos, cache)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """lm_head (and Gemma-2's soft-cap) on hidden states past the final norm: (.., V)."""

@@ -19,6 +19,7 @@ import torch
 from scipy.stats import spearmanr
 
 from . import store
+from .batch_plan import DEFAULT_ROWS, available_bytes, plan_batches, rows_that_fit
 from .data import PromptSet, fingerprint
 from .fisher import sample_and_gradients
 from .gates import (DECODE, StageGates, frozen_weights, gated, layer_ticks, maybe_block_influence,
@@ -40,7 +41,7 @@ class CalibrationConfig:
     temperature: float = 1.0  # sampling temperature (1.0: the model's own distribution)
     top_p: float = 1.0  # nucleus mass (1.0: the model's own distribution)
     seed: int = 0  # sample i draws from its own generator seeded from (seed, i)
-    batch_size: int = 16  # prompts per batched sample + forward + backward (speed only)
+    batch_size: int = DEFAULT_ROWS  # most prompts per batch; fewer if memory is short (speed only)
     loo_samples: int = 0  # exact leave-one-layer-out on this many samples; 0 = off
     raw: bool = False  # tokenise prompts as is, no chat template
 
@@ -236,7 +237,7 @@ def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = Cali
         check_prompt(lm.adapter, len(p), cfg.max_new_tokens)
     n = len(prompt_ids)
     n_loo = min(cfg.loo_samples, n)
-    batches = -(-n // cfg.batch_size)
+    batches = len(_batches(lm, prompt_ids, cfg))
     plan = {"sampling": batches * cfg.max_new_tokens, "gradients": n, "leave-one-out": n_loo}
     tracker = Tracker(n + n_loo, progress, "sampling responses", plan=plan)
     loo = None
@@ -258,8 +259,7 @@ def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = Cali
 def _taylor_pass(lm, prompt_ids, cfg: CalibrationConfig, tracker: Tracker):
     """Batches of similar prompt length: sampling and gradients in one pass each (fisher.py)."""
     n, L = len(prompt_ids), lm.adapter.n_layers
-    order = sorted(range(n), key=lambda i: len(prompt_ids[i]))  # less padding per batch
-    batches = [order[i:i + cfg.batch_size] for i in range(0, n, cfg.batch_size)]
+    batches = _batches(lm, prompt_ids, cfg)
     responses: list[list[int]] = [[] for _ in range(n)]
     keys = ("prefill", "decode", "loss", "bi_prefill", "bi_decode")
     # float64 holds float32 gradients exactly and keeps a float64 model's
@@ -288,6 +288,17 @@ def _taylor_pass(lm, prompt_ids, cfg: CalibrationConfig, tracker: Tracker):
     except Cancelled as c:  # calibrate_ids builds a result from the finished samples
         raise c.keep((sorted(finished), responses, grads))
     return responses, grads
+
+
+def _batches(lm, prompt_ids, cfg: CalibrationConfig) -> list[list[int]]:
+    """cfg.batch_size rows per batch, fewer where the CPU's memory would not hold the graph."""
+    rows = cfg.batch_size
+    if lm.adapter.device.type == "cpu":
+        tokens = max(map(len, prompt_ids)) + cfg.max_new_tokens
+        fit = rows_that_fit(lm.adapter.shape, tokens, available_bytes(),
+                            torch.finfo(torch.promote_types(lm.dtype, torch.float32)).bits // 8)
+        rows = min(rows, fit or rows)
+    return plan_batches([len(p) for p in prompt_ids], rows)
 
 
 def _sampled(tracker: Tracker, tick, message: str) -> None:

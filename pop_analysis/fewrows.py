@@ -16,8 +16,7 @@ import torch
 ROWS = range(8, 57)  # row counts that take the W @ x^T form (measured; see the module doc)
 
 
-def few_rows_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """module(x) in the few-row form where that is faster, else as nn.Linear computes it."""
+def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     w = module.weight
     if rows not in ROWS or x.device.type != "cpu" or x.dtype != torch.float32 \
@@ -39,7 +38,7 @@ def few_rows(model: torch.nn.Module):
     try:
         for m in model.modules():
             if type(m) is torch.nn.Linear and "forward" not in vars(m):
-                m.forward = lambda x, m=m: few_rows_linear(m, x)
+                m.forward = lambda x, m=m: _linear(m, x)
                 patched.append(m)
         yield
     finally:

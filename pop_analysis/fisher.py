@@ -109,7 +109,7 @@ def _decode(lm, cache, first: torch.Tensor, mask: torch.Tensor, pos: torch.Tenso
     tok = first  # (B, 1)
     with few_rows(lm.model):
         for step in range(cfg.max_new_tokens):
-            h = adapter.decode_step(tok.to(dev), mask, pos, cache)  # (B, 1, D)
+            h = adapter.forward_padded(tok.to(dev), mask, pos, cache)  # (B, 1, D)
             logits = adapter.head(h[:, -1, :])  # (B, V)
             live = [b for b in range(n) if not done[b]]
             nxt = _pick_rows(logits.float().cpu(), live, scfg, gens)  # (B, 1)

@@ -39,6 +39,7 @@ METRICS = {
     "retrieval_acc": Metric("answer_correct", True, True),  # retrieval code
 }
 ANSWER_METRICS = ("exact_match", "retrieval_acc")
+HIGHER_IS_BETTER = {"acc": True}  # metrics computed elsewhere: multiple-choice accuracy (mc.py)
 
 
 def too_few_note(n: int) -> str:
@@ -124,7 +125,9 @@ def delta_text(row: dict, metric: str, pct: bool = False, digits: int = 3) -> st
         return f"{f(d)} (no interval: fewer than 2 items)"
     e = stats.Estimate(row.get("n") or 0, d, tuple(ci), "")
     m = METRICS.get(metric)
-    word = stats.verdict(e, m.higher_is_better) if m else stats.NO_CHANGE if e.includes(0) else ""
+    higher = m.higher_is_better if m else HIGHER_IS_BETTER.get(metric)
+    word = stats.verdict(e, higher) if higher is not None else \
+        stats.NO_CHANGE if e.includes(0) else ""
     text = f"{f(d)} [{f(ci[0])}, {f(ci[1])}] {word}".rstrip()
     p = row.get(f"{metric}_delta_p")
     return text + (f", p = {p:.2g}" if p is not None else "")

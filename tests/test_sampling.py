@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from pop_analysis.generate import NUCLEUS_CANDIDATES, SamplingConfig, nucleus, pick
+from scipy.stats import chisquare
+
+from pop_analysis.generate import NUCLEUS_CANDIDATES, SamplingConfig, draw, nucleus, pick
 
 
 def full_sort_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -36,11 +38,30 @@ def test_small_vocabulary_below_the_candidate_count():
     assert torch.equal(nucleus(probs, 0.8), full_sort_nucleus(probs, 0.8))
 
 
-def test_pick_draws_the_same_tokens_as_the_full_sort():
+def test_pick_draws_from_the_full_sort_nucleus():
     cfg = SamplingConfig(temperature=0.7, top_p=0.9)
     logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(3)) * 5
     for seed in range(20):
         got = pick(logits, cfg, torch.Generator().manual_seed(seed))
         probs = full_sort_nucleus(torch.softmax(logits / cfg.temperature, dim=-1), cfg.top_p)
-        want = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed))
-        assert torch.equal(got, want)
+        assert torch.equal(got, draw(probs, torch.Generator().manual_seed(seed)))
+        assert bool((probs.gather(1, got) > 0).all())  # never outside the nucleus
+
+
+def test_draw_follows_the_distribution_and_never_picks_zero():
+    probs = torch.tensor([[0.0, 0.5, 0.25, 0.0, 0.125, 0.125, 0.0]])  # zeros at both ends
+    gen = torch.Generator().manual_seed(7)
+    counts = torch.zeros(7)
+    for _ in range(4000):
+        counts[draw(probs, gen)[0, 0]] += 1
+    assert counts[[0, 3, 6]].sum() == 0
+    kept = probs[0] > 0
+    test = chisquare(counts[kept].numpy(), (4000 * probs[0, kept]).numpy())
+    assert test.pvalue > 0.01, (counts, test)
+
+
+def test_draw_when_the_uniform_reaches_the_total(monkeypatch):
+    """A uniform that rounds up to the total goes to the last token that has probability."""
+    probs = torch.tensor([[0.3, 0.7, 0.0, 0.0], [0.2, 0.2, 0.2, 0.4]])
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.ones(*shape, dtype=kw["dtype"]))
+    assert draw(probs, None).tolist() == [[1], [3]]

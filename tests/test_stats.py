@@ -107,6 +107,8 @@ def test_delta_text_never_reads_an_overlap_as_a_win():
     assert delta_text(lost, "retrieval_acc", pct=True) == "-10.0 [-15.0, -5.0] worse, p = 0.0012"
     mc = {"n": 200, "acc_delta": 0.01, "acc_delta_ci": [-0.02, 0.04]}  # a metric of lm-eval's
     assert delta_text(mc, "acc", pct=True) == f"+1.0 [-2.0, +4.0] {NO_CHANGE}"
+    mc_lost = {"n": 200, "acc_delta": -0.045, "acc_delta_ci": [-0.102, -0.002], "acc_delta_p": 0.012}
+    assert delta_text(mc_lost, "acc", pct=True) == "-4.5 [-10.2, -0.2] worse, p = 0.012"
     table = comparison_rows([{"variant": "full", "n": 64}, {**worse, **same}])
     assert [r["row"] for r in table] == ["full", "pop"]
     assert table[0]["continuation_nll"] == "—" and table[1]["retrieval_acc"].endswith(NO_CHANGE)
