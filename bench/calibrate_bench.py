@@ -12,8 +12,8 @@ speed: timing.measure with full = previous algorithm, variant = current (warm-up
 bf16: the current path in fp32 and under CPU bfloat16 autocast on the same prompts; Spearman
   (scipy) of the per-layer importance of both stages, and the speed of each (one run each).
 batch: the current path with each of --sizes as batch size on the same prompts, two rounds in
-  opposite orders (one warm-up first); median seconds, samples/s and the peak resident memory
-  above the loaded model (VmHWM, reset before each run) per size.
+  opposite orders (one warm-up first): seconds and samples/s (mean of the two) per size; and the
+  bytes autograd keeps for one batch of that size (batch_plan.py's memory estimate rests on it).
 Each prints one JSON object with the conditions: threads, load average, other processes' CPU use.
 """
 from __future__ import annotations
@@ -141,33 +141,53 @@ def bf16(lm, args) -> dict:
             **rates, **conditions()}
 
 
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(next(line.split()[1] for line in f if line.startswith(field + ":")))
+def saved_bytes(lm, run) -> int:
+    """Bytes of the tensors autograd keeps for backward during run() (unique storages, the
+    model's own weights excluded): what a batch's graph adds to memory at its peak."""
+    weights = {p.untyped_storage().data_ptr() for p in lm.model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
 
 
 def batch_sizes(lm, args) -> dict:
+    """Speed per batch size on the same prompts (two rounds, opposite orders) and the memory one
+    batch's graph takes (saved tensors of a run whose only batch has that size)."""
     prompts = prompt_set(args.dataset, args.prompts)
     calibrate(lm, prompts, CalibrationConfig(n_samples=2, max_new_tokens=4, seed=args.seed))
     sizes = [int(x) for x in args.sizes.split(",")]
     runs: dict[int, list] = {s: [] for s in sizes}
-    for order in (sizes, sizes[::-1]):
+    for order in (sizes, sizes[::-1]) if args.rounds else ():  # --rounds 0: memory only
         for size in order:
             cfg = CalibrationConfig(n_samples=args.prompts, max_new_tokens=args.max_new_tokens,
                                     seed=args.seed, batch_size=size)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets VmHWM to the current resident size
-            base = _rss_kib("VmRSS")
             t0 = time.perf_counter()
             calibrate(lm, prompts, cfg)
-            runs[size].append((time.perf_counter() - t0, (_rss_kib("VmHWM") - base) / 2 ** 20))
+            runs[size].append(time.perf_counter() - t0)
     rows = []
+    shape = lm.adapter.shape
     for size in sizes:
-        secs = sorted(r[0] for r in runs[size])
-        med = secs[len(secs) // 2] if len(secs) % 2 else sum(secs) / len(secs)
+        one = CalibrationConfig(n_samples=min(size, args.prompts), seed=args.seed,
+                                max_new_tokens=args.max_new_tokens, batch_size=size)
+        got = {}
+        graph = saved_bytes(lm, lambda: got.setdefault("r", calibrate(lm, prompts, one)))
+        r = got["r"]
+        tokens = len(r.prompt_tokens) * (max(r.prompt_tokens) + max(r.response_tokens))
+        secs = sorted(runs[size])
         rows.append({"batch_size": size, "seconds": [round(x, 2) for x in secs],
-                     "samples_per_s": round(args.prompts / med, 3),
-                     "peak_gib_above_model": round(max(r[1] for r in runs[size]), 2)})
+                     "samples_per_s": round(args.prompts / (sum(secs) / len(secs)), 3)
+                     if secs else None,
+                     "graph_gib": round(graph / 2 ** 30, 3), "padded_tokens": tokens,
+                     "floats_per_token_layer_width": round(
+                         graph / 4 / tokens / shape.n_layers / (shape.hidden + shape.intermediate),
+                         2)})
     return {"dataset": prompts.name, "prompts": args.prompts,
             "max_new_tokens": args.max_new_tokens, "seed": args.seed, "sizes": rows,
             **conditions()}

@@ -147,9 +147,10 @@ def draw(probs: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Zero all but the smallest prefix of the descending probabilities whose mass reaches top_p.
 
-    Sorting the whole vocabulary costs about a millisecond per row on a CPU; the K largest (topk,
-    also descending) hold the same prefix, with the same running sums, whenever the prefix ends
-    inside them, which the last candidate being dropped proves. Flat rows take the full sort.
+    Sorting SmolLM2's 49k probabilities takes about 25x as long as a topk of 256 on the CPU here.
+    The K largest (topk, also descending) hold the same prefix, with the same running sums,
+    whenever the prefix ends inside them, which the last candidate being dropped proves. Flat
+    rows take the full sort.
     """
     k = min(NUCLEUS_CANDIDATES, probs.shape[-1])
     top, order = probs.topk(k, dim=-1)  # (B, K) each, descending

@@ -59,6 +59,23 @@ def plot_table3(res: dict, ret: dict | None, path: Path) -> None:
     plt.close(fig)
 
 
+def _speedups(ax, ratios, rows) -> None:
+    """Measured medians with the rounds' spread as bars; a flagged result (noisy, busy machine,
+    above its ideal) is drawn hollow and red, so it never reads as a plain measurement."""
+    ys = [r.get("prefill_speedup") for r in rows]
+    ax.plot(ratios, ys, "-", color="C0")
+    for x, y, r in zip(ratios, ys, rows):
+        if y is None:
+            continue
+        lo, hi = r.get("speedup_range") or (y, y)
+        flagged = r.get("timing_trustworthy") is False
+        ax.errorbar([x], [y], yerr=[[max(0.0, y - lo)], [max(0.0, hi - y)]], fmt="o", capsize=3,
+                    color="C3" if flagged else "C0", mfc="none" if flagged else "C0")
+    ax.plot([], [], "o-", color="C0", label="ours: measured (CPU), IQR of rounds")
+    if any(r.get("timing_trustworthy") is False for r in rows):
+        ax.plot([], [], "o", color="C3", mfc="none", label="ours: flagged (see the table)")
+
+
 def plot_table4(res: dict, ret: dict | None, path: Path) -> None:
     plt = _plt()
     t4 = PAPER_TABLES["table4"]
@@ -90,8 +107,9 @@ def plot_table4(res: dict, ret: dict | None, path: Path) -> None:
     ax.legend(fontsize=8)
     ax.set_title("Task accuracy")
     ax = axes[2]
-    ax.plot(ratios, [r.get("prefill_speedup") for r in rows], "o-", label="ours: measured (CPU)")
-    ax.plot(ratios, [r.get("ideal_speedup") for r in rows], "x:", label="ours: ideal (FLOPs)")
+    _speedups(ax, ratios, rows)
+    ax.plot(ratios, [r.get("ideal_speedup") for r in rows], "x:", color="C1",
+            label="ours: ideal (FLOPs)")
     ax.plot(t4["ratios"], t4["prefill_speedup"], "s--", color="grey", label="paper (A100)")
     ax.set_xlabel("skip ratio")
     ax.set_ylabel("prefill speedup")
