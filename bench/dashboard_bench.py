@@ -15,7 +15,6 @@ Prints one JSON object and writes it to cache/bench/dashboard_bench.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench_results import save  # noqa: E402
 from test_browser import ARGS, CHROMIUM, free_port, wait_healthy  # noqa: E402
 
 PLOT = ".js-plotly-plot"
@@ -169,11 +169,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
         result.update(apptest_part(args.rounds))
-    out = ROOT / "cache" / "bench" / "dashboard_bench.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
-
+    save("dashboard_bench", result)
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,6 @@ Prints one JSON object and writes it to cache/bench/eta_bench.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from bench_results import save  # noqa: E402
 
 MARKS = (0.10, 0.25, 0.50, 0.75)
 
@@ -92,11 +93,7 @@ def main() -> None:
         cfg = cal.CalibrationConfig(n_samples=32, max_new_tokens=32, batch_size=16)
         out["runs"].append(run("calibration, 32 built-in prompts, 32 tokens, batch 16",
                                lambda p: cal.calibrate(lm, prompts, cfg, progress=p)))
-    path = ROOT / "cache" / "bench" / "eta_bench.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
-    print(json.dumps(out, indent=1))
-
+    save("eta_bench", out)
 
 if __name__ == "__main__":
     main()
