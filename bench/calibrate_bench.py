@@ -33,6 +33,7 @@ from scipy.stats import spearmanr  # noqa: E402
 
 from calibrate_previous import calibrate_previous  # noqa: E402
 from pop_analysis import timing  # noqa: E402
+from pop_analysis.batch_plan import kept_floats  # noqa: E402
 from pop_analysis.calibrate import CalibrationConfig, calibrate, encode_prompts  # noqa: E402
 from pop_analysis.data import load_prompts, make_set  # noqa: E402
 from pop_analysis.machine import matmul_rate  # noqa: E402
@@ -185,9 +186,7 @@ def batch_sizes(lm, args) -> dict:
                      "samples_per_s": round(args.prompts / (sum(secs) / len(secs)), 3)
                      if secs else None,
                      "graph_gib": round(graph / 2 ** 30, 3), "padded_tokens": tokens,
-                     "floats_per_token_layer_width": round(
-                         graph / 4 / tokens / shape.n_layers / (shape.hidden + shape.intermediate),
-                         2)})
+                     "floats_per_token_layer_width": round(kept_floats(shape, graph, tokens), 2)})
     return {"dataset": prompts.name, "prompts": args.prompts,
             "max_new_tokens": args.max_new_tokens, "seed": args.seed, "sizes": rows,
             **conditions()}

@@ -26,10 +26,19 @@ def available_bytes() -> int | None:
     return None
 
 
+def _token_unit(shape, dtype_bytes: int) -> int:
+    """Bytes of one float per (D + I) in every layer: the unit ACTIVATION_FLOATS counts in."""
+    return (shape.hidden + shape.intermediate) * shape.n_layers * dtype_bytes
+
+
 def bytes_per_row(shape, tokens: int, dtype_bytes: int = 4) -> float:
     """Estimated autograd memory of one row of `tokens` prompt + response positions."""
-    return ACTIVATION_FLOATS * (shape.hidden + shape.intermediate) * shape.n_layers * tokens \
-        * dtype_bytes
+    return ACTIVATION_FLOATS * _token_unit(shape, dtype_bytes) * tokens
+
+
+def kept_floats(shape, graph_bytes: int, tokens: int, dtype_bytes: int = 4) -> float:
+    """A measured graph in ACTIVATION_FLOATS' unit: floats kept per token, layer and (D + I)."""
+    return graph_bytes / _token_unit(shape, dtype_bytes) / tokens
 
 
 def rows_that_fit(shape, tokens: int, available: int | None, dtype_bytes: int = 4) -> int | None:

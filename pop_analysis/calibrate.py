@@ -237,12 +237,12 @@ def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = Cali
         check_prompt(lm.adapter, len(p), cfg.max_new_tokens)
     n = len(prompt_ids)
     n_loo = min(cfg.loo_samples, n)
-    batches = len(_batches(lm, prompt_ids, cfg))
-    plan = {"sampling": batches * cfg.max_new_tokens, "gradients": n, "leave-one-out": n_loo}
+    batches = _batches(lm, prompt_ids, cfg)
+    plan = {"sampling": len(batches) * cfg.max_new_tokens, "gradients": n, "leave-one-out": n_loo}
     tracker = Tracker(n + n_loo, progress, "sampling responses", plan=plan)
     loo = None
     try:
-        responses, grads = _taylor_pass(lm, prompt_ids, cfg, tracker)
+        responses, grads = _taylor_pass(lm, prompt_ids, batches, cfg, tracker)
         if n_loo:
             loo = _loo_pass(lm, prompt_ids, responses, n_loo, 2 * cfg.batch_size, tracker)
     except Cancelled as c:  # keep the finished samples (all of them when LOO was running)
@@ -256,10 +256,10 @@ def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = Cali
     return _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_loo, seconds)
 
 
-def _taylor_pass(lm, prompt_ids, cfg: CalibrationConfig, tracker: Tracker):
+def _taylor_pass(lm, prompt_ids, batches: list[list[int]], cfg: CalibrationConfig,
+                 tracker: Tracker):
     """Batches of similar prompt length: sampling and gradients in one pass each (fisher.py)."""
     n, L = len(prompt_ids), lm.adapter.n_layers
-    batches = _batches(lm, prompt_ids, cfg)
     responses: list[list[int]] = [[] for _ in range(n)]
     keys = ("prefill", "decode", "loss", "bi_prefill", "bi_decode")
     # float64 holds float32 gradients exactly and keeps a float64 model's

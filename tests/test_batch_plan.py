@@ -1,9 +1,10 @@
 """Calibration batches: sorted by length, even sizes, capped by the memory a graph would take."""
+import pytest
 import torch
 from tiny import tiny_model, tiny_prompt
 
 from pop_analysis import batch_plan
-from pop_analysis.batch_plan import bytes_per_row, plan_batches, rows_that_fit
+from pop_analysis.batch_plan import bytes_per_row, kept_floats, plan_batches, rows_that_fit
 from pop_analysis.calibrate import CalibrationConfig, calibrate_ids
 
 
@@ -23,6 +24,7 @@ def test_memory_caps_the_rows():
     shape = tiny_model("llama").adapter.shape
     per_row = bytes_per_row(shape, 100)
     assert per_row > 0
+    assert kept_floats(shape, int(per_row), 100) == pytest.approx(batch_plan.ACTIVATION_FLOATS)
     assert rows_that_fit(shape, 100, int(10 * per_row / batch_plan.MEMORY_SHARE)) == 10
     assert rows_that_fit(shape, 100, 1) == 1  # always at least one row
     assert rows_that_fit(shape, 100, None) is None  # unknown memory: no cap
