@@ -29,16 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from calibrate_previous import calibrate_previous  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
-from calibrate_previous import calibrate_previous  # noqa: E402
-from pop_analysis import timing  # noqa: E402
-from pop_analysis.batch_plan import kept_floats  # noqa: E402
-from pop_analysis.calibrate import CalibrationConfig, calibrate, encode_prompts  # noqa: E402
-from pop_analysis.data import load_prompts, make_set  # noqa: E402
-from pop_analysis.machine import matmul_rate  # noqa: E402
-from pop_analysis.models import load_model  # noqa: E402
-from pop_analysis.paths import shared_data_dir  # noqa: E402
+from pop_analysis.data.prompts import load_prompts, make_set  # noqa: E402
+from pop_analysis.engine.models import load_model  # noqa: E402
+from pop_analysis.importance.batch_plan import kept_floats  # noqa: E402
+from pop_analysis.importance.calibrate import CalibrationConfig, calibrate, encode_prompts
+from pop_analysis.speed import timing  # noqa: E402
+from pop_analysis.speed.machine import matmul_rate  # noqa: E402
+from pop_analysis.store.paths import shared_data_dir  # noqa: E402
 
 DATASETS = {"wizardlm": lambda: str(shared_data_dir() / "wizardlm_testset.jsonl")}
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from pop_analysis.calibrate import gate_gradients, pack, sample_seed
-from pop_analysis.fisher import left_pad
-from pop_analysis.generate import SamplingConfig, eos_ids, pick
+from pop_analysis.engine.generate import SamplingConfig, eos_ids, pick
+from pop_analysis.importance.calibrate import gate_gradients, pack, sample_seed
+from pop_analysis.importance.fisher import left_pad
 
 
 @torch.inference_mode()

@@ -20,15 +20,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import calibrate_previous  # noqa: E402
 import torch  # noqa: E402
+from calibrate_bench import conditions, prompt_set  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-import calibrate_previous  # noqa: E402
-from calibrate_bench import conditions, prompt_set  # noqa: E402
-from pop_analysis import fisher  # noqa: E402
-from pop_analysis.calibrate import CalibrationConfig, calibrate, encode_prompts  # noqa: E402
-from pop_analysis.fewrows import few_rows  # noqa: E402
-from pop_analysis.models import load_model  # noqa: E402
+from pop_analysis.engine.models import load_model  # noqa: E402
+from pop_analysis.importance import fisher  # noqa: E402
+from pop_analysis.importance.calibrate import CalibrationConfig, calibrate, encode_prompts
+from pop_analysis.importance.fewrows import few_rows  # noqa: E402
 
 
 class Phases:

@@ -36,9 +36,9 @@ PLOT = ".js-plotly-plot"
 
 def fill_store(store: Path, n: int = 6) -> None:
     """n stored calibrations (2 samples, 4 tokens, different seeds) in `store`."""
-    from pop_analysis import calibrate as cal
-    from pop_analysis.data import load_prompts
-    from pop_analysis.models import load_model
+    from pop_analysis.data.prompts import load_prompts
+    from pop_analysis.engine.models import load_model
+    from pop_analysis.importance import calibrate as cal
 
     lm = load_model("smollm2-135m", device="cpu")
     prompts = load_prompts("builtin", limit=2)
@@ -141,7 +141,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    from pop_analysis.paths import cache_dir
+    from pop_analysis.store.paths import cache_dir
 
     models = cache_dir() / "models"
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-
 from bench_results import save  # noqa: E402
 
 MARKS = (0.10, 0.25, 0.50, 0.75)
@@ -70,11 +69,12 @@ def main() -> None:
     ap.add_argument("--parts", default="sweep,drift,calibration")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from pop_analysis import calibrate as cal
-    from pop_analysis import drift as dr, drift_length
-    from pop_analysis import sweep as sw
-    from pop_analysis.data import load_prompts
-    from pop_analysis.models import load_model
+    from pop_analysis.data.prompts import load_prompts
+    from pop_analysis.engine.models import load_model
+    from pop_analysis.experiments import sweep as sw
+    from pop_analysis.importance import calibrate as cal
+    from pop_analysis.inspection import drift as dr
+    from pop_analysis.inspection import drift_length
 
     lm = load_model("smollm2-135m", device="cpu")
     parts = args.parts.split(",")

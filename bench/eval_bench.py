@@ -2,7 +2,7 @@
 
     python bench/eval_bench.py --items 16 --spread-items 100 --threads 2
 
-1. Throughput: the batched path (pop_analysis.evaluate.evaluate_variants: left-padded batches,
+1. Throughput: the batched path (pop_analysis.quality.evaluate.evaluate_variants: left-padded batches,
    the full model's pass shared by every variant) against the item-by-item path the sweeps used
    before it (per item and variant: one prefill + teacher forcing of the reference, one greedy
    generation; the full model's greedy reference once per item). Same items, variants, new tokens
@@ -26,13 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from pop_analysis.answers import answer_matches  # noqa: E402
-from pop_analysis.evalsets import load_eval_set  # noqa: E402
-from pop_analysis.evaluate import FULL, Variant, evaluate_variants  # noqa: E402
-from pop_analysis.metrics import agreement, greedy_tokens, score_continuations  # noqa: E402
-from pop_analysis.models import load_model  # noqa: E402
-from pop_analysis.skipset import preset  # noqa: E402
-from pop_analysis.stats import paired_delta, required_n  # noqa: E402
+from pop_analysis.engine.models import load_model  # noqa: E402
+from pop_analysis.engine.skipset import preset  # noqa: E402
+from pop_analysis.quality.answers import answer_matches  # noqa: E402
+from pop_analysis.quality.evalsets import load_eval_set  # noqa: E402
+from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants  # noqa: E402
+from pop_analysis.quality.metrics import agreement, greedy_tokens, score_continuations  # noqa: E402
+from pop_analysis.quality.stats import paired_delta, required_n  # noqa: E402
 
 
 def item_by_item(lm, items, variants, max_new_tokens) -> None:

@@ -3,8 +3,8 @@
 Models: the embedded SmolLM2-135M, and randomly initialised models shaped like Llama-3.1-8B and
 Gemma-3-12B (text), built from configs in code on the device (weights do not change timing;
 nothing is downloaded). Each model is first checked against HF's own forward on the same device
-and dtype, then timed with the project's timing protocol (pop_analysis.timing through
-pop_analysis.bench: CUDA-synchronised, full and POP alternated with the order swapped every round,
+and dtype, then timed with the project's timing protocol (pop_analysis.speed.timing through
+pop_analysis.speed.bench: CUDA-synchronised, full and POP alternated with the order swapped every round,
 median of the per-round ratios with their IQR, noisy results flagged), beside the FLOP and
 roofline ideals (the device's matmul rate and bandwidth are measured once and cached). Writes <out>/gpu_bench.json after every row and a plot <out>/gpu_bench.html (plus a
 PNG when matplotlib is installed).
@@ -28,12 +28,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pop_analysis.bench import bench_length  # noqa: E402
-from pop_analysis.generate import synchronize  # noqa: E402
-from pop_analysis.models import load_model, model_from_hf, parse_dtype  # noqa: E402
-from pop_analysis.paper import table2_speedups  # noqa: E402
-from pop_analysis.pop import left_pad, run_prompt  # noqa: E402
-from pop_analysis.skipset import last_block  # noqa: E402
+from pop_analysis.engine.generate import synchronize  # noqa: E402
+from pop_analysis.engine.models import load_model, model_from_hf, parse_dtype  # noqa: E402
+from pop_analysis.engine.pop import left_pad, run_prompt  # noqa: E402
+from pop_analysis.engine.skipset import last_block  # noqa: E402
+from pop_analysis.experiments.paper import table2_speedups  # noqa: E402
+from pop_analysis.speed.bench import bench_length  # noqa: E402
 
 # The paper's Table 2: prefill (TTFT) speedup of POP, A100, batch 8; keyed like Spec.name.
 PAPER_TABLE2 = {model.lower(): row for model, row in table2_speedups().items()}

@@ -55,7 +55,7 @@ def drift() -> dict:
 
 
 def sweep() -> dict:
-    from pop_analysis.sweep import SweepRow
+    from pop_analysis.store.schema import SweepRow
 
     rows = [SweepRow(v, 1 / 3, list(range(20, 30)), 1.3, 1.45, 0.9, 0.8, kind="ablation",
                      n=64).to_dict() for v in ("full", "pop", "shallow", "interleaved",
@@ -78,11 +78,11 @@ def timed(fn, repeats: int = 300) -> dict:
 def main() -> None:
     random.seed(0)
     os.environ["POP_LAB_CACHE"] = tempfile.mkdtemp()
-    from pop_analysis import store
-    from pop_analysis.calibrate import CalibrationResult
-    from pop_analysis.drift import DriftResult
-    from pop_analysis.records import check
-    from pop_analysis.sweep import SweepResult
+    from pop_analysis.experiments.sweep import SweepResult
+    from pop_analysis.importance.calibrate import CalibrationResult
+    from pop_analysis.inspection.drift import DriftResult
+    from pop_analysis.store import results as store
+    from pop_analysis.store.records import check
 
     out = {}
     for kind, cls, payload in (("calibration", CalibrationResult, calibration()),

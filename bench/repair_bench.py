@@ -27,14 +27,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pop_analysis.data import load_prompts  # noqa: E402
-from pop_analysis.drift import DriftConfig, average, drift  # noqa: E402
-from pop_analysis.evalsets import load_eval_set, read_records, data_dir, NAMED  # noqa: E402
-from pop_analysis.models import load_model  # noqa: E402
-from pop_analysis.repair import RepairConfig  # noqa: E402
-from pop_analysis.repair_eval import compare, summary  # noqa: E402
-from pop_analysis.repair_store import attach, fit_and_store, memory  # noqa: E402
-from pop_analysis.skipset import describe, last_block  # noqa: E402
+from pop_analysis.data.prompts import load_prompts  # noqa: E402
+from pop_analysis.engine.models import load_model  # noqa: E402
+from pop_analysis.engine.skipset import describe, last_block  # noqa: E402
+from pop_analysis.inspection.drift import DriftConfig, average, drift  # noqa: E402
+from pop_analysis.quality.evalsets import NAMED, data_dir, load_eval_set, read_records  # noqa: E402
+from pop_analysis.repair.evaluate import compare, summary  # noqa: E402
+from pop_analysis.repair.fit import RepairConfig  # noqa: E402
+from pop_analysis.repair.store import attach, fit_and_store, memory  # noqa: E402
 
 OUT = ROOT / "artifacts" / "repair_bench"
 REPAIRS = {"builtin": RepairConfig(),
@@ -90,7 +90,7 @@ def stage_quality(lm, skip, args) -> None:
 
 def stage_drift(lm, skip, args) -> None:
     recs = read_records(data_dir() / NAMED["gsm8k"])[: args.samples]
-    from pop_analysis.generate import encode
+    from pop_analysis.engine.generate import encode
 
     prompts = [encode(lm, r["question"]) for r in recs]
     cfg = DriftConfig(decode_steps=8)

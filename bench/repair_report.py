@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pop_analysis.repair_eval import no_gap
+from pop_analysis.repair.evaluate import no_gap
 
 NAMES = ("builtin", "gsm8k_train")
 
@@ -79,7 +79,7 @@ def retrieval(folder: Path) -> str:
 
 
 def _mcnemar(a, b) -> str:
-    from pop_analysis.stats import StatsError, paired_accuracy_delta
+    from pop_analysis.quality.stats import StatsError, paired_accuracy_delta
 
     try:
         e = paired_accuracy_delta(a, b)
@@ -104,7 +104,7 @@ def drift(folder: Path) -> str:
 def _drift_cell(b: dict, pop: dict, q: str, paired: bool) -> str:
     """The block mean; for a repair, its paired change from POP over prompts with a 95%
     bootstrap interval (when the run kept per-prompt values)."""
-    from pop_analysis.stats import paired_delta
+    from pop_analysis.quality.stats import paired_delta
 
     text = f"{b[q]:.4f}" if q == "kl" else f"{b[q]:.3f}"
     if not paired or "per_prompt" not in b or "per_prompt" not in pop:

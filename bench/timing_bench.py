@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from pop_analysis.bench import bench_length, first_token, random_prompt, time_prefill  # noqa: E402
-from pop_analysis.machine import machine_rates  # noqa: E402
-from pop_analysis.models import load_model  # noqa: E402
-from pop_analysis.sweep import measure_speedup  # noqa: E402
-from pop_analysis.timing import TimingConfig, other_cpu_seconds  # noqa: E402
+from pop_analysis.engine.models import load_model  # noqa: E402
+from pop_analysis.experiments.sweep_speed import measure_speedup  # noqa: E402
+from pop_analysis.speed.bench import bench_length, first_token, random_prompt, time_prefill
+from pop_analysis.speed.machine import machine_rates  # noqa: E402
+from pop_analysis.speed.timing import TimingConfig, other_cpu_seconds  # noqa: E402
 
 PAPER_SKIP = tuple(range(20, 30))
 QUIET_WAIT = 120.0  # seconds a quiet part waits for other processes to calm down (set by --quiet-wait)

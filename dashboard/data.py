@@ -11,10 +11,10 @@ from pathlib import Path
 
 import streamlit as st
 
-from pop_analysis import store
-from pop_analysis.allowed_paths import check_path, check_source
-from pop_analysis.paths import cache_dir
-from pop_analysis.records import RecordError, check
+from pop_analysis.data.allowed_paths import check_path, check_source
+from pop_analysis.store import results as store
+from pop_analysis.store.paths import cache_dir
+from pop_analysis.store.records import RecordError, check
 
 
 class StoredMiss(KeyError):
@@ -60,7 +60,7 @@ def load_result(kind: str, key: str, cls):
 @st.cache_data(show_spinner=False, max_entries=32)
 def _prompt_set(source: str, field: str | None, limit: int | None, stamp: float,
                 label: str | None = None):
-    from pop_analysis.data import load_prompts
+    from pop_analysis.data.prompts import load_prompts
 
     return load_prompts(source, field=field, limit=limit, label=label)
 
@@ -72,8 +72,8 @@ def upload_name(path: str) -> str | None:
 
 
 def prompt_set(source: str, field: str | None = None, limit: int | None = None):
-    """pop_analysis.data.load_prompts, memoised per file version (mtime) and arguments; only
-    files under the allowed folders (pop_analysis.allowed_paths)."""
+    """pop_analysis.data.prompts.load_prompts, memoised per file version (mtime) and arguments; only
+    files under the allowed folders (pop_analysis.data.allowed_paths)."""
     source = check_source(source)
     stamp = os.path.getmtime(source) if os.path.isfile(source) else 0.0
     return _prompt_set(source, field, limit, stamp, upload_name(source))
@@ -83,7 +83,7 @@ def prompt_set(source: str, field: str | None = None, limit: int | None = None):
 def peek_fields(path: str) -> list[str]:
     """Field names of a .jsonl / .json / .csv file's first record ([] when unknown, unreadable,
     or outside the allowed folders: nothing of such a file is shown)."""
-    from pop_analysis.data import READERS
+    from pop_analysis.data.prompts import READERS
 
     try:
         p = check_path(path)
@@ -123,7 +123,7 @@ def importance_curves(kind: str, key: str) -> tuple[list[float], list[float]] | 
 
 def calibration_overlays(keys, labels: dict) -> list[dict]:
     """The chosen stored calibrations as chart overlays ({label, prefill, decode})."""
-    from pop_analysis.calibrate import KIND
+    from pop_analysis.importance.calibrate import KIND
 
     out = []
     for key in keys:

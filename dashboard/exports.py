@@ -12,7 +12,7 @@ import json
 
 import streamlit as st
 
-from pop_analysis.store import plain
+from pop_analysis.store.schema import plain
 
 
 def csv_text(rows: list[dict]) -> str:

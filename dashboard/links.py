@@ -11,8 +11,8 @@ import os
 import streamlit as st
 
 from dashboard import state
-from pop_analysis.models import DEFAULT_MODEL
-from pop_analysis.skipset import SkipSetError, describe, parse_layers
+from pop_analysis.engine.models import DEFAULT_MODEL
+from pop_analysis.engine.skipset import SkipSetError, describe, parse_layers
 
 SOURCE_KEYS = {"embedded": "Embedded (SmolLM2-135M, offline)", "hub": "Hugging Face hub id",
                "local": "Local directory"}  # the sidebar form's radio labels

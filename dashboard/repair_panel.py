@@ -13,11 +13,11 @@ import datetime
 import streamlit as st
 
 from dashboard import widgets
-from pop_analysis import repair_store
+from pop_analysis.engine.pop import RepairError
+from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
-from pop_analysis.pop import RepairError
-from pop_analysis.repair import RepairConfig, check_block
-from pop_analysis.skipset import describe
+from pop_analysis.repair import store as repair_store
+from pop_analysis.repair.fit import RepairConfig, check_block
 
 LABEL = "POP + K/V repair (fitted maps; beyond the paper)"
 SHORT = "POP + repair"
@@ -119,8 +119,8 @@ def _row(r: dict, skip) -> dict:
 def sweep_option(lm, kind: str) -> dict:
     """A checkbox adding pop_repair rows to a ratio or ablation sweep, enabled where stored
     repairs exist for the sweep's skip sets; the SweepConfig fields it sets ({} when off)."""
-    from pop_analysis.skipset import last_block, preset
-    from pop_analysis.sweep import SweepConfig
+    from pop_analysis.engine.skipset import last_block, preset
+    from pop_analysis.experiments.sweep import SweepConfig
 
     n, base = lm.adapter.n_layers, SweepConfig()
     if kind == "ablation":

@@ -12,8 +12,8 @@ import html
 
 import streamlit as st
 
-from dashboard import charts, state
-from pop_analysis.skipset import describe
+from dashboard import charts, drift_charts, state
+from pop_analysis.engine.skipset import describe
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 h1{margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
@@ -106,7 +106,7 @@ def _drift(r, fig) -> str:
     return (f"<h2>Drift: {r.prompt_tokens} prompt tokens, skipped {_e(describe(r.skip_layers))}</h2>"
             "<p>Cosine similarity of POP's hidden states, K and V cache entries (prompt tokens) "
             "and decode-time attention outputs to the full model's.</p>"
-            + fig(charts.drift_curves(d, r.skip_layers)) + fig(charts.decode_steps_chart(r.kl, r.top1_agree)))
+            + fig(drift_charts.drift_curves(d, r.skip_layers)) + fig(drift_charts.decode_steps_chart(r.kl, r.top1_agree)))
 
 
 def _drift_b(r, fig) -> str:
@@ -114,7 +114,7 @@ def _drift_b(r, fig) -> str:
 
 
 def _drift_length(rows, fig) -> str:
-    return ("<h2>Drift vs context length</h2>" + fig(charts.drift_length_chart(rows))
+    return ("<h2>Drift vs context length</h2>" + fig(drift_charts.drift_length_chart(rows))
             + _table(rows, ["length", "hidden_cos", "k_cos", "v_cos", "attn_out_cos", "kl"]))
 
 

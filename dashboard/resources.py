@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import streamlit as st
 
-from pop_analysis.models import load_model
+from pop_analysis.engine.models import load_model
 
 
 @st.cache_resource(show_spinner=False)
@@ -36,7 +36,7 @@ class Held:
 class RunLock:
     """A model's run lock that knows when it was contended (the timing protocol flags that).
 
-    Timing takes it once per round (pop_analysis.timing): the wait is never inside a timed
+    Timing takes it once per round (pop_analysis.speed.timing): the wait is never inside a timed
     interval, and a round during which another session queued is flagged too.
     """
 
@@ -120,7 +120,7 @@ def warmed_up(name: str, device: str | None, dtype: str | None) -> bool:
     """One tiny full and POP prompt per model, so the first measured TTFT holds no one-time costs."""
     import torch
 
-    from pop_analysis.pop import run_prompt
+    from pop_analysis.engine.pop import run_prompt
 
     lm = shared_model(name, device, dtype)
     ids = torch.arange(1, 9, device=lm.device).unsqueeze(0)  # (1, 8)

@@ -1,7 +1,7 @@
 """Prefill speed on the Generate page: the timing protocol on the prompt just generated from.
 
 The streamed answers are for reading; their one-off TTFTs are not what the page reports. After
-the stream (which has warmed both paths), `measure` runs pop_analysis.timing's protocol on the
+the stream (which has warmed both paths), `measure` runs pop_analysis.speed.timing's protocol on the
 same prompt ids, taking the model's run lock once per round: a wait for another session is
 never timed, and a contended lock flags the result. `show` draws median, range, rounds, both
 ideals and the flag.
@@ -12,8 +12,8 @@ import streamlit as st
 import torch
 
 from dashboard.resources import model_lock
-from pop_analysis.bench import PrefillSpeed, time_prefill
-from pop_analysis.timing import TimingConfig
+from pop_analysis.speed.bench import PrefillSpeed, time_prefill
+from pop_analysis.speed.timing import TimingConfig
 
 # At least 3 rounds, more while 2 s last; no warm-up (the stream just ran both paths).
 PAGE_TIMING = TimingConfig(min_rounds=3, budget_s=2.0, warmup=0)

@@ -47,7 +47,7 @@ class ModelSpec:
 
 
 def model_spec() -> ModelSpec:
-    from pop_analysis.models import DEFAULT_MODEL
+    from pop_analysis.engine.models import DEFAULT_MODEL
 
     return st.session_state.setdefault(MODEL, ModelSpec(DEFAULT_MODEL))
 
@@ -62,7 +62,7 @@ def skip_for(n_layers: int) -> tuple[int, ...]:
     """The shared skip set; made (the paper's last third) for a model whose layer count it lacks.
     A set that came from a link is checked against the model here (an impossible one is replaced
     by the paper's and the reason flashed)."""
-    from pop_analysis.skipset import SkipSetError, preset, validate
+    from pop_analysis.engine.skipset import SkipSetError, preset, validate
 
     made_for = st.session_state.get(SKIP_LAYERS_OF)
     if SKIP in st.session_state and made_for is None:  # from a link: check it now
@@ -80,7 +80,7 @@ def skip_for(n_layers: int) -> tuple[int, ...]:
 
 def set_skip(layers, n_layers: int) -> tuple[int, ...]:
     """Validate and share a new skip set; raises SkipSetError for an impossible one."""
-    from pop_analysis.skipset import validate
+    from pop_analysis.engine.skipset import validate
 
     out = validate(layers, n_layers)
     st.session_state[SKIP] = out

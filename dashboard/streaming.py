@@ -1,12 +1,12 @@
 """Run one variant as a stream for the UI, and compare two token sequences.
 
-The page shows each token as it arrives; this module only drives pop_analysis.generate and
+The page shows each token as it arrives; this module only drives pop_analysis.engine.generate and
 returns plain dicts (timings, ids, per-layer call counts).
 """
 from __future__ import annotations
 
-from pop_analysis.counters import count_calls
-from pop_analysis.generate import SamplingConfig, generate
+from pop_analysis.engine.counters import count_calls
+from pop_analysis.engine.generate import SamplingConfig, generate
 
 
 def stream_variant(lm, prompt_ids: list[int], variant: str, skip, cfg: SamplingConfig,

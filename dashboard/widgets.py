@@ -10,9 +10,9 @@ import streamlit as st
 
 from dashboard import state
 from dashboard.resources import load_log, locked, memory_in_use, shared_model, unload_models
-from pop_analysis.allowed_paths import check_path
-from pop_analysis.models import DEFAULT_MODEL, ModelLoadError
-from pop_analysis.paths import cache_dir
+from pop_analysis.data.allowed_paths import check_path
+from pop_analysis.engine.models import DEFAULT_MODEL, ModelLoadError
+from pop_analysis.store.paths import cache_dir
 
 SOURCES = {"Embedded (SmolLM2-135M, offline)": "embedded", "Hugging Face hub id": "hub",
            "Local directory": "local"}
@@ -118,7 +118,7 @@ SKIP_ERROR = "lab.skip_error"  # the sidebar box's last rejected input, shown un
 
 def _on_skip_box(n: int) -> None:
     from dashboard.links import parse_skip
-    from pop_analysis.skipset import SkipSetError
+    from pop_analysis.engine.skipset import SkipSetError
 
     try:
         state.set_skip(parse_skip(st.session_state[SKIP_BOX]), n)
@@ -131,8 +131,8 @@ def skip_badge(lm, where=None) -> None:
     """The current skip set, always visible and editable: layers, share, ideal speedup, a
     mini strip, and a box that takes '20-29', '3,5,7' or 'none'."""
     from dashboard.links import skip_text
-    from pop_analysis.flops import ideal_speedup
-    from pop_analysis.skipset import describe
+    from pop_analysis.engine.skipset import describe
+    from pop_analysis.speed.flops import ideal_speedup
 
     where = where or st.sidebar
     n = lm.adapter.n_layers

@@ -2,9 +2,9 @@
 import streamlit as st
 
 from dashboard import charts, data, exports, jobs, state, widgets
-from pop_analysis import calibrate as cal
-from pop_analysis.data import DatasetError
+from pop_analysis.data.prompts import DatasetError
 from pop_analysis.errors import first_line
+from pop_analysis.importance import calibrate as cal
 from pop_analysis.progress import duration
 
 st.title("Calibrate: which layers matter for prefill vs decode")

@@ -1,15 +1,14 @@
 """Drift: how far POP's hidden states, K/V cache and attention outputs move from the full model."""
-import datetime
-
 import streamlit as st
 
-from dashboard import charts, data, exports, jobs, repair_panel, state, widgets
+from dashboard import drift_charts, drift_views, exports, jobs, repair_panel, state, widgets
 from dashboard.examples import EXAMPLES
-from pop_analysis import drift as dr, drift_length
+from pop_analysis.engine.generate import encode
+from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
-from pop_analysis.generate import encode
+from pop_analysis.inspection import drift as dr
+from pop_analysis.inspection import drift_length
 from pop_analysis.progress import duration
-from pop_analysis.skipset import describe
 
 st.title("Representation drift: POP vs full")
 st.markdown("Cosine similarity between POP and the full model per layer: hidden states and K/V cache "
@@ -71,11 +70,6 @@ with st.container(border=True):
     jobs.panel("drift")
 
 
-def curves_of(res, only: bool, y_range=None, title=None):
-    kw = {"title": title} if title else {}
-    return charts.drift_curves(res.to_dict(), res.skip_layers, only, y_range, **kw)
-
-
 res = st.session_state.get(state.DRIFT)
 figures: dict = {}
 if res is not None:
@@ -83,17 +77,17 @@ if res is not None:
     st.subheader(f"{res.model} · {res.prompt_tokens} prompt tokens · skipped {describe(res.skip_layers)}")
     widgets.made_from(state.DRIFT, now, "Measure drift")
     only = st.toggle("Only the skipped block (paper style)", key=state.kept("drift.only", True))
-    figures["curves"] = curves_of(res, only)
+    figures["curves"] = drift_views.curves_of(res, only)
     st.plotly_chart(figures["curves"], key="drift.curves")
     qty = st.radio("Heatmap of", ("hidden", "k", "v", "attn_out"), horizontal=True,
-                   key=state.kept("drift.qty", "hidden"), format_func=charts.COSINE_NAMES.get)
+                   key=state.kept("drift.qty", "hidden"), format_func=drift_charts.COSINE_NAMES.get)
     decode = qty == "attn_out"
-    figures["heatmap"] = charts.drift_heatmap(
+    figures["heatmap"] = drift_charts.drift_heatmap(
         d[f"{qty}_tok"], None if decode else res.tokens,
-        f"Per-token cosine: {charts.COSINE_NAMES[qty]} (layer x {'decode step' if decode else 'token'})",
+        f"Per-token cosine: {drift_charts.COSINE_NAMES[qty]} (layer x {'decode step' if decode else 'token'})",
         x_title="decode step (0 = the boundary token x_N)" if decode else "prompt token (downsampled)")
     st.plotly_chart(figures["heatmap"], key="drift.heat")
-    figures["decode_steps"] = charts.decode_steps_chart(res.kl, res.top1_agree)
+    figures["decode_steps"] = drift_charts.decode_steps_chart(res.kl, res.top1_agree)
     st.plotly_chart(figures["decode_steps"], key="drift.steps_chart")
 
     def pin() -> None:
@@ -101,47 +95,10 @@ if res is not None:
 
     st.button("Pin this run as B, to compare with the next one", key="drift.pin", on_click=pin)
 
-stored = data.stored_entries(dr.KIND)
-if stored:
-    def drift_label(e) -> str:
-        p = e["params"]
-        when = datetime.datetime.fromtimestamp(e["saved_at"]).strftime("%Y-%m-%d %H:%M")
-        return (f"{p.get('model')} · {p.get('prompt_tokens')} prompt tokens · skip "
-                f"{describe(p.get('skip') or [])} · {p.get('config', {}).get('decode_steps')} steps · {when}")
-    with st.expander(f"Stored drift runs ({len(stored)}): show as A or B"):
-        by_key = {e["key"]: e for e in stored}
-        pick = st.selectbox("Stored run", list(by_key), format_func=lambda k: drift_label(by_key[k]),
-                            key="drift.stored")
-        a, b = st.columns(2)
-        for col, target, name in ((a, state.DRIFT, "A"), (b, state.DRIFT_B, "B")):
-            if col.button(f"Show as {name}", key=f"drift.load.{name}"):
-                loaded = data.load_result(dr.KIND, pick, dr.DriftResult)
-                if loaded is None:
-                    st.error("That entry is missing or unreadable.")
-                else:
-                    state.keep_result(target, loaded, {"stored": drift_label(by_key[pick])})
-                    st.rerun()
-
+drift_views.stored_runs()
 res_b = st.session_state.get(state.DRIFT_B)
 if res is not None and res_b is not None:
-    st.subheader("Side by side: A (current) and B (pinned)")
-    shared = charts.drift_range(res.to_dict(), res_b.to_dict())
-    cols = st.columns(2)
-    for col, r, name, key in ((cols[0], res, "A", state.DRIFT), (cols[1], res_b, "B", state.DRIFT_B)):
-        with col:
-            figures[f"curves_{name}"] = curves_of(r, True, shared, f"{name}: skipped "
-                                                  f"{describe(r.skip_layers)}, {r.prompt_tokens} tokens")
-            st.plotly_chart(figures[f"curves_{name}"], key=f"drift.cmp.{name}")
-            widgets.made_from(key)
-    table = [{"run": name, "prompt tokens": r.prompt_tokens, "skip set": describe(r.skip_layers),
-              **{charts.COSINE_NAMES[q]: r.block_means()[f"{q}_cos"] for q in charts.COSINES},
-              "mean KL (nats)": sum(r.kl) / len(r.kl) if r.kl else None}
-             for name, r in (("A", res), ("B", res_b))]
-    st.dataframe(table, hide_index=True, key="drift.cmp.table",
-                 column_config={c: st.column_config.NumberColumn(format="%.3f")
-                                for c in list(table[0])[3:]})
-    st.caption("Means over each run's skipped block; the two charts share one y axis.")
-    st.button("Clear B", key="drift.unpin", on_click=lambda: st.session_state.pop(state.DRIFT_B, None))
+    drift_views.side_by_side(res, res_b, figures)
 
 st.subheader("Drift vs context length")
 c = st.columns([3, 1], vertical_alignment="bottom")
@@ -158,7 +115,7 @@ jobs.panel("drift_length")
 rows = st.session_state.get(state.DRIFT_LENGTH)
 if rows:
     widgets.made_from(state.DRIFT_LENGTH, len_now, "Measure vs length")
-    figures["vs_length"] = charts.drift_length_chart(rows)
+    figures["vs_length"] = drift_charts.drift_length_chart(rows)
     st.plotly_chart(figures["vs_length"], key="drift.length_chart")
     st.caption("Prompts are cut from the built-in texts; block means over the skipped layers.")
 
@@ -167,6 +124,6 @@ if res is not None or rows:
                                  "pinned_b": res_b.to_dict() if res_b else None,
                                  "by_length": rows},
                   rows=rows or ([{"layer": i, **{q: res.to_dict()[f"{q}_cos"][i]
-                                                 for q in charts.COSINES}}
+                                                 for q in drift_charts.COSINES}}
                                  for i in range(res.n_layers)] if res else None),
                   figures=figures)

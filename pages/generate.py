@@ -4,14 +4,13 @@ import html
 import streamlit as st
 import torch
 
-from dashboard import charts, exports, lens_charts, repair_panel, speed, state, widgets
+from dashboard import charts, exports, lens_panel, repair_panel, speed, state, widgets
 from dashboard.examples import EXAMPLES
 from dashboard.resources import warmed_up
 from dashboard.streaming import agreement, output_html, readable_text, stream_variant, token_pieces
-from pop_analysis import lens
+from pop_analysis.engine.generate import SamplingConfig, encode
+from pop_analysis.engine.skipset import SkipSetError, describe, preset, validate
 from pop_analysis.errors import first_line
-from pop_analysis.generate import SamplingConfig, encode
-from pop_analysis.skipset import SkipSetError, describe, preset, validate
 
 VARIANTS = {"pop": "POP (independent KV + boundary)", "pop_no_kv": "ablation: without independent KV",
             "pop_no_boundary": "ablation: without boundary handling",
@@ -122,34 +121,7 @@ if res:
     figures = {"arrival": charts.arrival_chart({"full": full["times"], name: other["times"]})}
     st.plotly_chart(figures["arrival"], key="gen.arrival")
 
-    st.subheader("Where the answers part: the logit lens")
-    st.caption("Each layer's hidden state read through the final norm and lm_head. A token's "
-               "commitment layer is the layer from which it stays the top choice up to the "
-               "output: POP's answer departs where its commitment or its candidates differ.")
-    if "lens" not in res and st.button("Explain with the logit lens", key="gen.lens"):
-        try:
-            with widgets.run_lock(), st.spinner("Reading every layer through the lens ..."):
-                res["lens"] = {"full": lens.trace(lm, res["prompt_ids"], full["token_ids"], "full"),
-                               "other": lens.trace(lm, res["prompt_ids"], other["token_ids"],
-                                                   res["engine"], other["skip"])}
-        except (ValueError, RuntimeError) as e:
-            st.error(f"The lens failed: {first_line(e)}")
-    if "lens" in res:
-        tf, to = res["lens"]["full"], res["lens"]["other"]
-        pieces = {k: token_pieces(lm.tokenizer, t.tokens) for k, t in (("f", tf), ("o", to))}
-        figures["commitment"] = lens_charts.commitment_strip(
-            [{"name": "full", "pieces": pieces["f"], "commit": tf.commit},
-             {"name": name, "pieces": pieces["o"], "commit": to.commit}], n, first)
-        st.plotly_chart(figures["commitment"], key="gen.commit")
-        if first is not None and first < min(len(tf.topk), len(to.topk)):
-            cands = [lens.top_candidates(lm, t, first) for t in (tf, to)]
-            figures["top5"] = lens_charts.top_candidates(
-                *cands, name, (pieces["f"][first], pieces["o"][first]))
-            st.plotly_chart(figures["top5"], key="gen.top5")
-        elif first is None:
-            st.info("The two outputs are identical: there is no divergent token to explain.")
-        if len(full["token_ids"]) > lens.MAX_TOKENS:
-            st.caption(f"The lens covers the first {lens.MAX_TOKENS} tokens.")
+    lens_panel.explain(lm, res, name, first, figures)
 
     st.subheader("What ran: calls per layer and stage")
     st.caption("Skipped layers show 0 attention/FFN calls in prefill but one k_proj call (the "

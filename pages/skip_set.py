@@ -6,9 +6,9 @@ before it is drawn, so a change from any of them (or from the sidebar box) shows
 import streamlit as st
 
 from dashboard import charts, exports, repair_panel, state, widgets
-from pop_analysis.calibrate import suggest_skip
-from pop_analysis.flops import ideal_speedup, prefill_flop_share
-from pop_analysis.skipset import SkipSetError, describe, last_block, preset
+from pop_analysis.engine.skipset import SkipSetError, describe, last_block, preset
+from pop_analysis.importance.calibrate import suggest_skip
+from pop_analysis.speed.flops import ideal_speedup, prefill_flop_share
 
 STRIP_V = "lab.strip_version"  # bumped after each strip pick: a fresh chart holds no selection
 

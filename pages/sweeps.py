@@ -3,13 +3,13 @@ import datetime
 
 import streamlit as st
 
-from dashboard import charts, data, exports, jobs, repair_panel, speed, state, widgets
+from dashboard import data, exports, jobs, repair_panel, speed, state, sweep_charts, widgets
 from dashboard.compare_charts import overlay_sweeps
-from pop_analysis import sweep as sw
-from pop_analysis.quality import comparison_rows
-from pop_analysis.allowed_paths import check_source
+from pop_analysis.data.allowed_paths import check_source
 from pop_analysis.errors import first_line
+from pop_analysis.experiments import sweep as sw
 from pop_analysis.progress import duration
+from pop_analysis.quality.summary import comparison_rows
 
 st.title("Sweeps: speed vs quality")
 st.markdown("Results of the evaluation sweeps (the CLI fills the same store), each next to the "
@@ -98,18 +98,18 @@ else:
         paper = {"ratio": t4["ratios"], "speedup": t4["prefill_speedup"]}
         if quality == "exact_match":  # the paper's GSM8K accuracy, as a fraction
             paper.update(quality=[v / 100 for v in t4["GSM8K"]], quality_name="GSM8K")
-        fig = overlay_sweeps(charts.ratio_chart(rows, quality, paper), overlays, "skip_ratio",
+        fig = overlay_sweeps(sweep_charts.ratio_chart(rows, quality, paper), overlays, "skip_ratio",
                              quality)
         st.plotly_chart(fig, key="sw.ratio")
     elif res.kind == "length" and rows:
         paper = {m: {"length": t2["lengths"], "speedup": v} for m, v in t2["rows"].items()}
-        fig = overlay_sweeps(charts.length_chart(rows, paper), overlays, "length")
+        fig = overlay_sweeps(sweep_charts.length_chart(rows, paper), overlays, "length")
         st.plotly_chart(fig, key="sw.length")
     elif res.kind == "ablation" and rows:
         metrics = [m for m in ("continuation_nll", "next_token_kl", "retrieval_acc", "exact_match")
                    if any(r.get(m) is not None for r in rows)]
         quality = st.radio("Quality metric", metrics, horizontal=True, key="sw.metric")
-        fig = charts.quality_chart(rows, quality)
+        fig = sweep_charts.quality_chart(rows, quality)
         st.plotly_chart(fig, key="sw.quality")
     if overlays and res.kind != "ablation":
         st.caption(f"Overlaid: {len(overlays)} stored sweep(s) as dashed (speedup) and dotted "

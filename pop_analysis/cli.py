@@ -11,9 +11,9 @@ import pkgutil
 import sys
 import warnings
 
-from . import commands
-from .errors import first_line
-from .store import StoreWarning
+from pop_analysis import commands
+from pop_analysis.errors import first_line
+from pop_analysis.store.results import StoreWarning
 
 
 def command_modules() -> dict:

@@ -17,5 +17,5 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   echo "$WANT" > "$STAMP"
 fi
 # Convert the embedded model once (GGUF -> safetensors under cache/models/).
-.venv/bin/python -c "from pop_analysis.models import resolve_source; resolve_source('smollm2-135m')" \
+.venv/bin/python -c "from pop_analysis.engine.models import resolve_source; resolve_source('smollm2-135m')" \
   2>&1 | grep -v -e 'it/s' -e '^$' || true

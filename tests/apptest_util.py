@@ -25,7 +25,7 @@ def wait_jobs(at: AppTest, timeout: float = 300) -> AppTest:
 @pytest.fixture(scope="module", autouse=True)
 def temp_store(tmp_path_factory, embedded):
     """POP_LAB_CACHE -> a temp dir whose models/ points at the converted models."""
-    from pop_analysis.paths import cache_dir
+    from pop_analysis.store.paths import cache_dir
 
     models = cache_dir() / "models"  # converted by the `embedded` fixture
     tmp = tmp_path_factory.mktemp("poplab_cache")

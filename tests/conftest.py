@@ -20,7 +20,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M model, loaded once per test session."""
-    from pop_analysis.models import load_model
+    from pop_analysis.engine.models import load_model
 
     return load_model("smollm2-135m", device="cpu")
 

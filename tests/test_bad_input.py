@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from pop_analysis.adapter import DecoderAdapter, UnsupportedArchitecture
-from pop_analysis.generate import SamplingConfig, encode, run
-from pop_analysis.models import ModelLoadError, load_model
-from pop_analysis.pop import PromptError, run_prompt
-from pop_analysis.skipset import SkipSetError, describe, parse_layers, preset, resolve
+from pop_analysis.engine.adapter import DecoderAdapter, UnsupportedArchitecture
+from pop_analysis.engine.generate import SamplingConfig, encode, run
+from pop_analysis.engine.models import ModelLoadError, load_model
+from pop_analysis.engine.pop import PromptError, run_prompt
+from pop_analysis.engine.skipset import SkipSetError, describe, parse_layers, preset, resolve
 from tiny import tiny_model
 
 

@@ -3,9 +3,10 @@ import pytest
 import torch
 from tiny import tiny_model, tiny_prompt
 
-from pop_analysis import batch_plan
-from pop_analysis.batch_plan import bytes_per_row, kept_floats, plan_batches, rows_that_fit
-from pop_analysis.calibrate import CalibrationConfig, calibrate_ids
+from pop_analysis.importance import batch_plan
+from pop_analysis.importance.batch_plan import (bytes_per_row, kept_floats, plan_batches,
+    rows_that_fit)
+from pop_analysis.importance.calibrate import CalibrationConfig, calibrate_ids
 
 
 def test_batches_are_sorted_by_length_and_even():
@@ -38,10 +39,10 @@ def test_short_memory_means_smaller_batches_and_the_same_scores(monkeypatch):
     plenty = calibrate_ids(lm, prompts, cfg)
     sizes = []
     real = batch_plan.plan_batches
-    monkeypatch.setattr("pop_analysis.calibrate.plan_batches",
+    monkeypatch.setattr("pop_analysis.importance.calibrate.plan_batches",
                         lambda lengths, rows: sizes.append(rows) or real(lengths, rows))
     row = bytes_per_row(lm.adapter.shape, 8 + 4)
-    monkeypatch.setattr("pop_analysis.calibrate.available_bytes",
+    monkeypatch.setattr("pop_analysis.importance.calibrate.available_bytes",
                         lambda: int(2 * row / batch_plan.MEMORY_SHARE))  # room for 2 rows
     short = calibrate_ids(lm, prompts, cfg)
     assert sizes and set(sizes) == {2}

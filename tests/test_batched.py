@@ -3,9 +3,9 @@ pruned prefill, the boundary step, decode and greedy generation."""
 import pytest
 import torch
 
-from pop_analysis.generate import SamplingConfig, run
-from pop_analysis.pop import (PromptError, decode_step, greedy_batch, left_pad, run_prompt,
-                              teacher_force)
+from pop_analysis.engine.generate import SamplingConfig, run
+from pop_analysis.engine.pop import (PromptError, decode_step, greedy_batch, left_pad, run_prompt,
+    teacher_force)
 from test_families import SKIP, build
 from tiny import tiny_prompt
 

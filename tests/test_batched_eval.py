@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from pop_analysis.evaluate import FULL, PER_ITEM, Variant, batches, evaluate_variants
-from pop_analysis.evalsets import load_eval_set
-from pop_analysis.items import EvalDataError, EvalItem
-from pop_analysis.metrics import agreement, greedy_tokens, score_continuations
-from pop_analysis.pop import decode_drop, run_prompt, teacher_force
+from pop_analysis.quality.evaluate import FULL, PER_ITEM, Variant, batches, evaluate_variants
+from pop_analysis.quality.evalsets import load_eval_set
+from pop_analysis.quality.items import EvalDataError, EvalItem
+from pop_analysis.quality.metrics import agreement, greedy_tokens, score_continuations
+from pop_analysis.engine.pop import decode_drop, run_prompt, teacher_force
 from tiny import tiny_model, tiny_prompt
 
 VARIANTS = [Variant("pop", "pop", (3, 4, 5)), Variant("static", "static", (4, 5)),
@@ -115,7 +115,7 @@ def test_embedded_model_batched_equals_item_by_item(embedded, shared_data):
 def test_sliding_window_models_run_every_layer_and_agree(family):
     from test_families import build
 
-    from pop_analysis.trunk import start_layer
+    from pop_analysis.engine.trunk import start_layer
 
     lm = build(family)
     assert start_layer(lm.adapter, "pop", (3, 4, 5)) == 0  # no trunk shared across a window
@@ -127,7 +127,7 @@ def test_sliding_window_models_run_every_layer_and_agree(family):
 
 
 def test_trunk_is_shared_from_the_first_skipped_layer(lm):
-    from pop_analysis.trunk import start_layer
+    from pop_analysis.engine.trunk import start_layer
 
     assert start_layer(lm.adapter, "pop", (3, 4, 5)) == 3
     assert start_layer(lm.adapter, "static", (5, 2)) == 2

@@ -50,7 +50,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, embedded):
     """A streamlit server started from a foreign cwd on a temp results store; stopped by pid."""
-    from pop_analysis.paths import cache_dir
+    from pop_analysis.store.paths import cache_dir
 
     tmp = tmp_path_factory.mktemp("browser")
     store = tmp / "cache"

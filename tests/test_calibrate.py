@@ -6,17 +6,16 @@ import pytest
 import torch
 from tiny import tiny_model, tiny_prompt
 
-from pop_analysis import store
-from pop_analysis.calibrate import (KIND, CalibrationConfig, CalibrationResult, StageGates,
-                                    cached_calibration, calibrate_ids, leave_one_out,
-                                    list_calibrations, load_calibration, pack, response_losses,
-                                    sample_responses, spearman, suggest_skip)
+from pop_analysis.store import results as store
+from pop_analysis.importance.calibrate import (KIND, CalibrationConfig, CalibrationResult,
+    StageGates, cached_calibration, calibrate_ids, leave_one_out, list_calibrations,
+    load_calibration, pack, response_losses, sample_responses, spearman, suggest_skip)
 from pop_analysis.cli import main
-from pop_analysis.data import load_prompts
-from pop_analysis.flops import ideal_speedup
-from pop_analysis.gates import gated
-from pop_analysis.generate import SamplingConfig
-from pop_analysis.generate import run as run_generation
+from pop_analysis.data.prompts import load_prompts
+from pop_analysis.speed.flops import ideal_speedup
+from pop_analysis.importance.gates import gated
+from pop_analysis.engine.generate import SamplingConfig
+from pop_analysis.engine.generate import run as run_generation
 
 PROMPTS = [tiny_prompt(n, seed=n) for n in (1, 5, 9, 3, 12)]
 
@@ -101,7 +100,7 @@ def fake_result(prefill, n_layers=None):
 
 
 def test_suggest_skip():
-    from pop_analysis.adapter import Shape
+    from pop_analysis.engine.adapter import Shape
 
     r = fake_result([5, 0.1, 4, 3, 0.2, 2, 0.3, 1, 0.5])  # 9 layers: paper skips the last 3
     s = suggest_skip(r)

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from dashboard import charts
+from dashboard import charts, drift_charts, sweep_charts
 from dashboard.streaming import agreement
 
 
@@ -54,11 +54,11 @@ def test_call_counts_heatmap_rows_follow_stages():
 
 def test_drift_curves_restrict_to_the_skipped_block():
     d = {f"{q}_cos": [1.0, 0.9, 0.8, 0.7] for q in ("hidden", "k", "v", "attn_out")}
-    fig = charts.drift_curves(d, (2, 3), only_skipped=True)
+    fig = drift_charts.drift_curves(d, (2, 3), only_skipped=True)
     assert all(list(t.x) == [2, 3] for t in fig.data)
     assert len(fig.data) == 4
     rows = [{"length": 16, "hidden": 0.9, "k": 0.8, "v": 0.7, "attn_out": 0.99, "kl": 0.1}]
-    assert list(charts.drift_length_chart(rows).data[0].y) == [0.9]
+    assert list(drift_charts.drift_length_chart(rows).data[0].y) == [0.9]
 
 
 def test_agreement_and_first_divergence():
@@ -80,14 +80,14 @@ SPEED_ROWS = [  # two timed lengths (one flagged), as a length sweep stores them
 
 
 def test_speed_charts_have_iqr_error_bars_and_ring_flagged_points():
-    fig = charts.length_chart(SPEED_ROWS)
+    fig = sweep_charts.length_chart(SPEED_ROWS)
     measured, flagged = fig.data[0], fig.data[1]
     assert list(measured.x) == [32, 128]  # sorted by length
     assert list(measured.error_y.array) == [9.0 - 8.08, 1.35 - 1.3]
     assert [round(v, 6) for v in measured.error_y.arrayminus] == [round(8.08 - 1.1, 6), 0.05]
     assert list(flagged.x) == [32] and "above the ideal" in flagged.text[0]
     assert {t.name for t in fig.data} >= {"ideal (FLOPs)", "ideal (roofline: FLOPs and bytes)"}
-    ratio = charts.ratio_chart([{**r, "greedy_agreement": 1.0} for r in SPEED_ROWS],
+    ratio = sweep_charts.ratio_chart([{**r, "greedy_agreement": 1.0} for r in SPEED_ROWS],
                                "greedy_agreement")
     assert ratio.data[0].error_y.array is not None and ratio.data[1].name.startswith("flagged")
 
@@ -98,7 +98,7 @@ def test_rows_from_before_the_protocol_count_as_flagged():
     from dashboard.speed import sweep_table
 
     old = [{"length": 32, "prefill_speedup": 1.2, "ideal_speedup": 1.4}]
-    fig = charts.length_chart(old)
+    fig = sweep_charts.length_chart(old)
     assert fig.data[1].name.startswith("flagged") and list(fig.data[0].error_y.array) == [0]
     table = sweep_table(pd.DataFrame(old + [{**SPEED_ROWS[0], "length": 64}]), "length")
     assert list(table["prefill speedup"]) == ["⚠ 1.20×", "1.30×"] and table["IQR"][0] == "–"
@@ -153,19 +153,19 @@ def test_overlays_add_two_lines_per_stored_calibration():
 
 
 def test_attention_heatmap_axis_names_decode_steps():
-    fig = charts.drift_heatmap([[1.0, 0.9]], None, "t", x_title="decode step (0 = x_N)")
+    fig = drift_charts.drift_heatmap([[1.0, 0.9]], None, "t", x_title="decode step (0 = x_N)")
     assert fig.layout.xaxis.title.text.startswith("decode step")
 
 
 def test_a_flat_kl_reads_flat():
     """0.14079 vs 0.141137 must not fill the whole axis."""
-    fig = charts.decode_steps_chart([0.14079, 0.141137, 0.1409], [1.0, 1.0, 1.0])
+    fig = drift_charts.decode_steps_chart([0.14079, 0.141137, 0.1409], [1.0, 1.0, 1.0])
     lo, hi = fig.layout.yaxis.range
     assert lo >= 0 and hi - lo >= 0.2 * 0.141
     assert fig.layout.yaxis.tickformat == ".3~g"
     rows = [{"length": n, "hidden_cos": 0.9, "k_cos": 0.8, "v_cos": 0.7, "attn_out_cos": 0.99,
              "kl": kl} for n, kl in ((16, 0.14079), (32, 0.141137))]
-    lo, hi = charts.drift_length_chart(rows).layout.yaxis2.range
+    lo, hi = drift_charts.drift_length_chart(rows).layout.yaxis2.range
     assert hi - lo >= 0.2 * 0.141
 
 
@@ -204,9 +204,9 @@ def test_quality_charts_carry_95_percent_error_bars():
              "continuation_nll_ci": [0.9, 1.1], "prefill_speedup": 1.0, "ideal_speedup": 1.0},
             {"variant": "pop", "skip_ratio": 0.33, "continuation_nll": 1.2,
              "continuation_nll_ci": [1.0, 1.5], "prefill_speedup": 1.3, "ideal_speedup": 1.46}]
-    fig = charts.quality_chart(rows, "continuation_nll")
+    fig = sweep_charts.quality_chart(rows, "continuation_nll")
     bars = fig.data[0].error_y
     assert list(bars.array) == pytest.approx([0.1, 0.3]) and list(bars.arrayminus) == pytest.approx([0.1, 0.2])
-    ratio = charts.ratio_chart(rows, "continuation_nll")
+    ratio = sweep_charts.ratio_chart(rows, "continuation_nll")
     q = next(t for t in ratio.data if t.name.startswith("continuation_nll"))
     assert list(q.error_y.array) == pytest.approx([0.1, 0.3]) and q.yaxis == "y2"

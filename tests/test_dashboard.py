@@ -195,7 +195,7 @@ def test_drift_page_draws_the_curves():
 
 def test_sweeps_page_loads_a_stored_sweep_beside_the_paper(embedded):
     """A tiny ratio sweep filled into the store (as the CLI would), then loaded on the page."""
-    from pop_analysis import sweep as sw
+    from pop_analysis.experiments import sweep as sw
 
     cfg = sw.SweepConfig(dataset="builtin", n_samples=1, ratios=(0.0, 0.33), max_new_tokens=2,
                          repeats=1, bench_tokens=16)

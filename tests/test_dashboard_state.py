@@ -12,7 +12,7 @@ from apptest_util import APP, app, charts, goto, notes, temp_store, texts, wait_
 
 def shown_everywhere(at: AppTest, want: tuple[int, ...]) -> None:
     """Every skip-set widget and label on the Skip set page reads `want`."""
-    from pop_analysis.skipset import describe
+    from pop_analysis.engine.skipset import describe
 
     assert at.session_state["lab.skip"] == want
     assert at.select_slider(key="skipset.k").value == len(want), "slider"
@@ -142,7 +142,7 @@ def test_a_background_run_says_why_a_stored_entry_was_not_used():
     """The store's notices reach the page from the worker thread, under the run's outcome."""
     import json
 
-    from pop_analysis.store import results_dir
+    from pop_analysis.store.results import results_dir
 
     at = goto(app(), "drift")
     at.number_input(key="drift.steps").set_value(2)

@@ -4,8 +4,8 @@ import json
 import pandas as pd
 import pytest
 
-from pop_analysis.builtin_prompts import CATEGORIES, PROMPTS
-from pop_analysis.data import BUILTIN_NAME, DatasetError, fingerprint, load_prompts
+from pop_analysis.data.builtin_prompts import CATEGORIES, PROMPTS
+from pop_analysis.data.prompts import BUILTIN_NAME, DatasetError, fingerprint, load_prompts
 
 
 def write(tmp_path, name, text):
@@ -135,7 +135,7 @@ def test_hf_source_streams_first_rows(monkeypatch):
         return ({"question": f"q{i}", "answer": "a"} for i in range(10 ** 9))
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.setattr("pop_analysis.data.unreachable_reason", lambda: None)  # "online"
+    monkeypatch.setattr("pop_analysis.data.prompts.unreachable_reason", lambda: None)  # "online"
     s = load_prompts("hf:openai/gsm8k:main:test", limit=3)
     assert s.prompts == ("q0", "q1", "q2") and s.name == "hf:openai/gsm8k:main:test"
     assert load_prompts("hf:owner/set", limit=2).name == "hf:owner/set:train"

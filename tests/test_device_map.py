@@ -7,9 +7,9 @@ attaches no hooks, so that test covers the loading path, the meta test the hand-
 import pytest
 import torch
 
-from pop_analysis.generate import SamplingConfig, run
-from pop_analysis.models import load_model
-from pop_analysis.pop import decode_step, greedy_batch, run_prompt
+from pop_analysis.engine.generate import SamplingConfig, run
+from pop_analysis.engine.models import load_model
+from pop_analysis.engine.pop import decode_step, greedy_batch, run_prompt
 from test_families import build
 from tiny import tiny_prompt
 
@@ -42,7 +42,7 @@ def test_hidden_states_cross_devices_in_prefill_boundary_and_decode(name, varian
 
 def test_padded_batch_crosses_devices():
     lm = split_to_meta("gemma2", first_meta=3)
-    from pop_analysis.pop import left_pad
+    from pop_analysis.engine.pop import left_pad
 
     ids, mask = left_pad([tiny_prompt(12), tiny_prompt(5, seed=4)])
     first = run_prompt(lm.adapter, ids, "pop", (4, 5), attention_mask=mask)

@@ -4,10 +4,12 @@ import json
 import pytest
 import torch
 
-from pop_analysis import cli, drift as drift_mod, store
-from pop_analysis.drift import (DriftConfig, DriftError, DriftResult, average, cached_drift, cosine,
-                                drift, kl_full_pop)
-from pop_analysis.drift_length import drift_by_length, length_prompts
+from pop_analysis import cli
+from pop_analysis.inspection import drift as drift_mod
+from pop_analysis.store import results as store
+from pop_analysis.inspection.drift import (DriftConfig, DriftError, DriftResult, average,
+    cached_drift, cosine, drift, kl_full_pop)
+from pop_analysis.inspection.drift_length import drift_by_length, length_prompts
 from tiny import FAMILIES, tiny_model, tiny_prompt
 
 CFG = DriftConfig(decode_steps=4, max_tokens_plot=256)
@@ -176,7 +178,7 @@ def test_cosine_and_kl_helpers():
 
 def test_embedded_gsm8k_drift_and_by_length(embedded, shared_data, tmp_store):
     """SmolLM2-135M, skip 20-29, one GSM8K question: drift confined to the block and after it."""
-    from pop_analysis.generate import encode
+    from pop_analysis.engine.generate import encode
 
     question = json.loads((shared_data / "gsm8k_test.jsonl").open().readline())["question"]
     r = drift(embedded, encode(embedded, question), range(20, 30), DriftConfig(decode_steps=3))

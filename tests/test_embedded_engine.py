@@ -3,9 +3,9 @@ import json
 
 import torch
 
-from pop_analysis.generate import SamplingConfig, encode, run
-from pop_analysis.pop import run_prompt, teacher_force
-from pop_analysis.skipset import resolve
+from pop_analysis.engine.generate import SamplingConfig, encode, run
+from pop_analysis.engine.pop import run_prompt, teacher_force
+from pop_analysis.engine.skipset import resolve
 
 
 def test_model_card(embedded):

@@ -4,13 +4,14 @@ import json
 import pytest
 import torch
 
-from pop_analysis.answers import answer_matches, extract_answer, gsm8k_gold
-from pop_analysis.evalsets import load_eval_set, read_records
-from pop_analysis.evaluate import FULL, Variant, evaluate_variants
-from pop_analysis.items import EvalDataError, EvalItem
-from pop_analysis.metrics import agreement, choose, greedy_tokens, score_continuations
-from pop_analysis.pop import decode_step, run_prompt
-from pop_analysis.retrieval import RetrievalConfig, RetrievalError, grid_items, retrieval_items
+from pop_analysis.quality.answers import answer_matches, extract_answer, gsm8k_gold
+from pop_analysis.quality.evalsets import load_eval_set, read_records
+from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.quality.items import EvalDataError, EvalItem
+from pop_analysis.quality.metrics import agreement, choose, greedy_tokens, score_continuations
+from pop_analysis.engine.pop import decode_step, run_prompt
+from pop_analysis.quality.retrieval import (RetrievalConfig, RetrievalError, grid_items,
+    retrieval_items)
 from tiny import forced_model, tiny_model, tiny_prompt
 
 @pytest.fixture(scope="module")

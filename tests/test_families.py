@@ -6,12 +6,12 @@ Prompts are longer than the tiny sliding window (8), so windowed masks and cache
 import pytest
 import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3Config, Gemma3TextConfig,
-                          GPT2Config, GPT2LMHeadModel, MistralConfig, SiglipVisionConfig)
+    GPT2Config, GPT2LMHeadModel, MistralConfig, SiglipVisionConfig)
 
-from pop_analysis.adapter import DecoderAdapter, UnsupportedArchitecture
-from pop_analysis.generate import SamplingConfig, run
-from pop_analysis.models import ModelLoadError, load_model, model_from_hf
-from pop_analysis.pop import decode_step, prefill, run_prompt, teacher_force
+from pop_analysis.engine.adapter import DecoderAdapter, UnsupportedArchitecture
+from pop_analysis.engine.generate import SamplingConfig, run
+from pop_analysis.engine.models import ModelLoadError, load_model, model_from_hf
+from pop_analysis.engine.pop import decode_step, prefill, run_prompt, teacher_force
 from tiny import COMMON, FAMILIES, tiny_prompt
 
 WINDOW = 8

@@ -5,13 +5,13 @@ import torch
 from test_families import RUNNER, build
 from tiny import tiny_model, tiny_prompt
 
-from pop_analysis.calibrate import (CalibrationConfig, calibrate_ids, gate_gradients, pack,
-                                    response_losses, sample_responses, sample_seed)
-from pop_analysis.fewrows import ROWS, few_rows
-from pop_analysis.fisher import sample_and_gradients
-from pop_analysis.gates import StageGates, gated
-from pop_analysis.generate import SamplingConfig
-from pop_analysis.generate import run as run_generation
+from pop_analysis.importance.calibrate import (CalibrationConfig, calibrate_ids, gate_gradients,
+    pack, response_losses, sample_responses, sample_seed)
+from pop_analysis.importance.fewrows import ROWS, few_rows
+from pop_analysis.importance.fisher import sample_and_gradients
+from pop_analysis.importance.gates import StageGates, gated
+from pop_analysis.engine.generate import SamplingConfig
+from pop_analysis.engine.generate import run as run_generation
 
 PROMPTS = [tiny_prompt(n, seed=80 + n) for n in (1, 14, 4, 9)]  # 14 > the sliding window (8)
 SEEDS = [5, 6, 7, 8]

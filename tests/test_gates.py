@@ -3,9 +3,9 @@ import pytest
 import torch
 from tiny import tiny_model, tiny_prompt
 
-from pop_analysis.calibrate import Batch, gate_gradients, pack, response_losses
-from pop_analysis.gates import (DECODE, NONE, PREFILL, StageGates, block_influence, gated,
-                                stage_map)
+from pop_analysis.importance.calibrate import Batch, gate_gradients, pack, response_losses
+from pop_analysis.importance.gates import (DECODE, NONE, PREFILL, StageGates, block_influence,
+    gated, stage_map)
 
 
 # HF's RMSNorm computes in float32 even for a float64 model, so a finite difference needs a step
@@ -152,7 +152,7 @@ def tiny_gemma2():
     """A tiny Gemma-2 (eager attention, soft-capped logits, branch norms after each branch)."""
     from transformers import AutoModelForCausalLM, Gemma2Config
 
-    from pop_analysis.models import model_from_hf
+    from pop_analysis.engine.models import model_from_hf
     from tiny import COMMON
 
     torch.manual_seed(0)

@@ -3,9 +3,9 @@ import pytest
 import torch
 from tiny import FAMILIES, tiny_model, tiny_prompt
 
-from pop_analysis import lens
-from pop_analysis.generate import SamplingConfig, run
-from pop_analysis.pop import decode_step, run_prompt
+from pop_analysis.inspection import lens
+from pop_analysis.engine.generate import SamplingConfig, run
+from pop_analysis.engine.pop import decode_step, run_prompt
 
 SKIP = (3, 4)
 

@@ -6,8 +6,8 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from pop_analysis import cli
-from pop_analysis.metrics import score_continuations
-from pop_analysis.lm_eval_model import PopLM, PopLMError
+from pop_analysis.quality.metrics import score_continuations
+from pop_analysis.harness.lm_eval_model import PopLM, PopLMError
 from tiny import forced_model, tiny_model
 
 GSM8K_GEN = """task: pop_gsm8k_gen

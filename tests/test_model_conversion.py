@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pop_analysis import models
-from pop_analysis.models import ModelLoadError, convert_embedded, converted_dir, load_model
+from pop_analysis.engine import models
+from pop_analysis.engine.models import ModelLoadError, convert_embedded, converted_dir, load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = models.DEFAULT_MODEL
@@ -18,7 +18,7 @@ NAME = models.DEFAULT_MODEL
 # A conversion in a child process; FAKE=1 swaps the GGUF step for a small, slow stand-in.
 SCRIPT = """
 import os, sys, time
-from pop_analysis import models
+from pop_analysis.engine import models
 
 def fake(entry, folder):
     with open(os.environ["LOG"], "a") as log:
@@ -141,7 +141,7 @@ def test_cli_offline_hub_id_is_one_line(tmp_path):
 
 
 def test_hub_dataset_offline_is_one_line(monkeypatch):
-    from pop_analysis.data import DatasetError, load_prompts
+    from pop_analysis.data.prompts import DatasetError, load_prompts
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")

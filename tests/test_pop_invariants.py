@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from pop_analysis.counters import count_calls
-from pop_analysis.generate import SamplingConfig, run
-from pop_analysis.pop import prefill, run_prompt
+from pop_analysis.engine.counters import count_calls
+from pop_analysis.engine.generate import SamplingConfig, run
+from pop_analysis.engine.pop import prefill, run_prompt
 from tiny import FAMILIES, tiny_model, tiny_prompt
 
 GREEDY = SamplingConfig(max_new_tokens=12, stop_at_eos=False)
@@ -160,7 +160,7 @@ def test_one_token_prompt_runs_every_variant(lm):
 
 def test_teacher_forced_chunk_equals_step_by_step(lm):
     """A multi-token chunk after a POP prompt gives the same logits as one token at a time."""
-    from pop_analysis.pop import decode_step, teacher_force
+    from pop_analysis.engine.pop import decode_step, teacher_force
 
     a = lm.adapter
     ids = torch.tensor([tiny_prompt(10)])

@@ -5,12 +5,12 @@ import pytest
 from tiny import tiny_model, tiny_prompt
 
 from pop_analysis import progress as prog
-from pop_analysis.calibrate import CalibrationConfig, calibrate_ids
-from pop_analysis.drift import DriftConfig
-from pop_analysis.drift_length import drift_by_length
-from pop_analysis.models import model_from_hf
+from pop_analysis.importance.calibrate import CalibrationConfig, calibrate_ids
+from pop_analysis.inspection.drift import DriftConfig
+from pop_analysis.inspection.drift_length import drift_by_length
+from pop_analysis.engine.models import model_from_hf
 from pop_analysis.progress import Cancelled, Monitor, Tracker
-from pop_analysis.sweep import SweepConfig, length_sweep, ratio_sweep
+from pop_analysis.experiments.sweep import SweepConfig, length_sweep, ratio_sweep
 
 
 class Clock:

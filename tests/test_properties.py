@@ -20,17 +20,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pop_analysis import readers, store
-from pop_analysis.calibrate import CalibrationConfig, CalibrationResult, calibrate_ids, suggest_skip
+from pop_analysis.data import readers
+from pop_analysis.store import results as store
+from pop_analysis.importance.calibrate import (CalibrationConfig, CalibrationResult, calibrate_ids,
+    suggest_skip)
 from pop_analysis.commands import calibrate as calibrate_command
 from pop_analysis.commands import drift as drift_command
 from pop_analysis.commands._common import int_list
-from pop_analysis.data import SUFFIXES, load_prompts
-from pop_analysis.drift import DriftConfig, DriftResult, average, drift
+from pop_analysis.data.prompts import SUFFIXES, load_prompts
+from pop_analysis.inspection.drift import DriftConfig, DriftResult, average, drift
 from pop_analysis.errors import InputError
-from pop_analysis.generate import SamplingConfig
-from pop_analysis.skipset import parse_layers, resolve
-from pop_analysis.sweep import SweepResult, SweepRow, write_csv
+from pop_analysis.engine.generate import SamplingConfig
+from pop_analysis.engine.skipset import parse_layers, resolve
+from pop_analysis.experiments.sweep import SweepResult, write_csv
+from pop_analysis.store.schema import SweepRow
 from tiny import tiny_model, tiny_prompt
 
 # POP_LAB_PROPERTY_SCALE=20 explores 20x more (random) examples; the suite's runs are the same

@@ -2,13 +2,14 @@
 import pytest
 import torch
 
-from pop_analysis.counters import count_calls
-from pop_analysis.generate import SamplingConfig, run
-from pop_analysis.pop import RepairError, run_prompt
-from pop_analysis.repair import (Calibration, RepairConfig, RepairDataError, collect,
-                                 distinct_positions, fit, fit_repair, min_tokens)
-from pop_analysis import repair_store
-from pop_analysis.repair_store import attach, check_compatible, load, save
+from pop_analysis.engine.counters import count_calls
+from pop_analysis.engine.generate import SamplingConfig, run
+from pop_analysis.engine.pop import RepairError, run_prompt
+from pop_analysis.repair.fit import (Calibration, RepairConfig, RepairDataError, collect,
+    distinct_positions, fit, fit_repair, min_tokens)
+from pop_analysis.repair import store as repair_store
+from pop_analysis.repair.store import attach, check_compatible, load, save
+from pop_analysis.store.schema import plain
 from test_families import build
 from tiny import tiny_model, tiny_prompt
 
@@ -93,7 +94,7 @@ def test_store_round_trip_and_listing(tmp_store):
     rep = save(random_repair(lm))
     back = load(rep.key)
     assert back.skip == rep.skip and back.model == rep.model and back.config == rep.config
-    assert back.info == repair_store.store.plain(rep.info)
+    assert back.info == plain(rep.info)
     assert set(back.tensors) == set(rep.tensors)
     for k, t in rep.tensors.items():
         assert torch.equal(back.tensors[k], t), k
@@ -224,8 +225,8 @@ def test_batched_collection_equals_one_sequence_at_a_time():
 
 
 def test_gap_closed_share_and_interval():
-    from pop_analysis.repair_eval import gap_closed
-    from pop_analysis.stats import StatsError
+    from pop_analysis.repair.evaluate import gap_closed
+    from pop_analysis.quality.stats import StatsError
 
     g = torch.Generator().manual_seed(0)
     full = (1 + torch.rand(40, generator=g)).tolist()

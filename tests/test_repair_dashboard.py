@@ -17,7 +17,7 @@ SKIP = tuple(range(20, 30))
 @pytest.fixture(scope="module", autouse=True)
 def temp_store(tmp_path_factory, embedded):
     """A results store of this module's own (the converted models linked in)."""
-    from pop_analysis.paths import cache_dir
+    from pop_analysis.store.paths import cache_dir
 
     models = cache_dir() / "models"
     tmp = tmp_path_factory.mktemp("repair_dash")

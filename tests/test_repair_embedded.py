@@ -5,18 +5,19 @@ import json
 import pytest
 from lm_eval.api.instance import Instance
 
-from pop_analysis import cli, repair_store
+from pop_analysis import cli
+from pop_analysis.repair import store as repair_store
 from pop_analysis.commands import bench as bench_cmd
 from pop_analysis.commands import drift as drift_cmd
 from pop_analysis.commands import generate as generate_cmd
 from pop_analysis.commands import repair as repair_cmd
-from pop_analysis.drift import DriftConfig, drift
-from pop_analysis.metrics import score_continuations
-from pop_analysis.generate import encode
-from pop_analysis.lm_eval_model import PopLM, PopLMError
-from pop_analysis.models import model_from_hf
-from pop_analysis.repair import RepairConfig
-from pop_analysis.sweep import SweepConfig, ablation_sweep, cached_sweep
+from pop_analysis.inspection.drift import DriftConfig, drift
+from pop_analysis.quality.metrics import score_continuations
+from pop_analysis.engine.generate import encode
+from pop_analysis.harness.lm_eval_model import PopLM, PopLMError
+from pop_analysis.engine.models import model_from_hf
+from pop_analysis.repair.fit import RepairConfig
+from pop_analysis.experiments.sweep import SweepConfig, ablation_sweep, cached_sweep
 from tiny import tiny_model
 
 SKIP = (27, 28, 29)
@@ -141,9 +142,9 @@ def test_sweeps_add_pop_repair_rows(tok_lm, tmp_path, monkeypatch):
 
 
 def test_compare_and_summary_on_held_out_items(tok_lm):
-    from pop_analysis.evalsets import load_eval_set
-    from pop_analysis.repair import Calibration, fit_repair
-    from pop_analysis.repair_eval import compare, summary
+    from pop_analysis.quality.evalsets import load_eval_set
+    from pop_analysis.repair.fit import Calibration, fit_repair
+    from pop_analysis.repair.evaluate import compare, summary
 
     seqs = [list(range(s, s + 40)) for s in range(0, 800, 40)]  # 800 distinct tokens
     rep = fit_repair(tok_lm, (4, 5), RepairConfig(data="ids"),

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from pop_analysis import cli
-from pop_analysis.models import model_from_hf
-from pop_analysis.report_checks import ablation_findings, ratio_findings
+from pop_analysis.engine.models import model_from_hf
+from pop_analysis.experiments.report_checks import ablation_findings, ratio_findings
 from tiny import tiny_model
 
 TINY_ARGS = ["--device", "cpu", "--n", "2", "--length-n", "2", "--mc-n", "2", "--lengths", "160",
@@ -118,8 +118,8 @@ def test_ratio_verdicts():
 def test_local_mc_tasks_render_and_build_documents(cache, shared_data):
     import datasets
 
-    from pop_analysis.lm_eval_tasks.utils import final_number_docs, solution_docs
-    from pop_analysis.mc import LOCAL_TASKS, task_dir
+    from pop_analysis.harness.lm_eval_tasks.utils import final_number_docs, solution_docs
+    from pop_analysis.harness.mc import LOCAL_TASKS, task_dir
 
     d = task_dir()
     for task in LOCAL_TASKS:
@@ -138,7 +138,7 @@ def test_local_mc_tasks_render_and_build_documents(cache, shared_data):
 
 def test_lm_eval_command_finds_the_local_tasks(cache, shared_data):
     from pop_analysis.commands.lm_eval import with_local_tasks
-    from pop_analysis.mc import task_dir
+    from pop_analysis.harness.mc import task_dir
 
     argv = ["run", "--model", "pop-hf", "--tasks", "arc_easy,pop_gsm8k_final"]
     assert with_local_tasks(argv) == [*argv, "--include_path", str(task_dir())]

@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-from pop_analysis.adapter import Shape
-from pop_analysis.flops import ideal_speedup, prefill_flop_share
-from pop_analysis.machine import Rates, machine_rates
-from pop_analysis.roofline import PATHS, breakdown, prefill_ops, roofline_speedup, total_flops
+from pop_analysis.engine.adapter import Shape
+from pop_analysis.speed.flops import ideal_speedup, prefill_flop_share
+from pop_analysis.speed.machine import Rates, machine_rates
+from pop_analysis.speed.roofline import PATHS, breakdown, prefill_ops, roofline_speedup, total_flops
 
 SMOL = Shape(n_layers=30, hidden=576, n_heads=9, n_kv_heads=3, head_dim=64, intermediate=1536,
              vocab=49152, max_positions=8192)
@@ -91,7 +91,7 @@ def test_rate_curve_interpolates_in_log_rows():
 def test_machine_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
     import torch
 
-    import pop_analysis.machine as machine
+    import pop_analysis.speed.machine as machine
 
     monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path))
     monkeypatch.setattr(machine, "matmul_rate", lambda dev, dt, shape, rows: 1e9 * rows)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from pop_analysis.allowed_paths import ENV, PathNotAllowed, check_path, check_source
+from pop_analysis.data.allowed_paths import ENV, PathNotAllowed, check_path, check_source
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "dashboard" / "app.py")
@@ -21,7 +21,7 @@ SECRET = {"aws_access_key_id": "AKIA-not-real", "aws_secret_access_key": "not-re
 
 @pytest.fixture()
 def cache(tmp_path, monkeypatch):
-    from pop_analysis.paths import cache_dir
+    from pop_analysis.store.paths import cache_dir
 
     models = cache_dir() / "models"
     store = tmp_path / "cache"
@@ -146,7 +146,7 @@ def test_peek_fields_shows_nothing_of_files_outside(cache, outside):
 def test_upload_errors_name_the_users_file(cache):
     from dashboard.data import prompt_set
     from dashboard.widgets import save_upload
-    from pop_analysis.data import DatasetError
+    from pop_analysis.data.prompts import DatasetError
 
     bad = save_upload("my prompts.csv", b'prompt\nfine\n"never closed\n')
     with pytest.raises(DatasetError) as e:
@@ -179,9 +179,10 @@ def texts(elements) -> str:
 
 
 def test_loading_a_bad_stored_calibration_warns_and_keeps_the_page(embedded, cache):
-    from pop_analysis.calibrate import CalibrationConfig, cached_calibration, list_calibrations
-    from pop_analysis.data import load_prompts
-    from pop_analysis.store import results_dir
+    from pop_analysis.importance.calibrate import (CalibrationConfig, cached_calibration,
+        list_calibrations)
+    from pop_analysis.data.prompts import load_prompts
+    from pop_analysis.store.results import results_dir
 
     cached_calibration(embedded, load_prompts("builtin", limit=1),
                        CalibrationConfig(n_samples=1, max_new_tokens=2, batch_size=1))

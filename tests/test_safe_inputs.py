@@ -7,11 +7,11 @@ import pytest
 from pop_analysis.cli import main
 from pop_analysis.commands.generate import parse_ids
 from pop_analysis.commands.lm_eval import with_device
-from pop_analysis.data import DatasetError, load_prompts
+from pop_analysis.data.prompts import DatasetError, load_prompts
 from pop_analysis.errors import InputError
-from pop_analysis.generate import SamplingConfig, SamplingError
-from pop_analysis.models import default_device
-from pop_analysis.skipset import SkipSetError, parse_layers, resolve
+from pop_analysis.engine.generate import SamplingConfig, SamplingError
+from pop_analysis.engine.models import default_device
+from pop_analysis.engine.skipset import SkipSetError, parse_layers, resolve
 from tiny import tiny_model
 
 
@@ -96,7 +96,7 @@ def test_prompt_ids_parse_to_one_clean_line(text, why, capsys, monkeypatch):
 
 def test_context_check_runs_before_any_forward_pass(capsys, monkeypatch, tmp_path):
     """A prompt longer than the context is refused before the warm-up (it used to compute first)."""
-    import pop_analysis.pop as pop
+    import pop_analysis.engine.pop as pop
 
     tiny_model("llama").model.save_pretrained(tmp_path)  # context 256
     capsys.readouterr()  # the save's progress bar is not the command's output
@@ -110,7 +110,7 @@ def test_context_check_runs_before_any_forward_pass(capsys, monkeypatch, tmp_pat
 
 
 def test_bench_checks_every_length_before_the_first_is_timed(capsys, monkeypatch, tmp_path):
-    import pop_analysis.bench as bench
+    import pop_analysis.speed.bench as bench
 
     tiny_model("llama").model.save_pretrained(tmp_path)  # context 256
     capsys.readouterr()  # the save's progress bar is not the command's output
@@ -121,7 +121,7 @@ def test_bench_checks_every_length_before_the_first_is_timed(capsys, monkeypatch
 
 def test_drift_checks_every_length_before_the_first_runs(embedded, capsys, monkeypatch):
     import pop_analysis.commands.drift as command
-    import pop_analysis.drift as drift
+    import pop_analysis.inspection.drift as drift
 
     monkeypatch.setattr(command, "load", lambda args: embedded)
     monkeypatch.setattr(drift, "_run", lambda *a, **k: pytest.fail("drift ran"))
@@ -163,8 +163,8 @@ def test_readers_stop_after_the_prompts_needed(tmp_path, name, head):
     ("big.txt", "one\ntwo\n"),
 ])
 def test_evaluation_reads_stop_after_the_items_needed(tmp_path, name, head):
-    from pop_analysis.evalsets import read_records
-    from pop_analysis.items import EvalDataError
+    from pop_analysis.quality.evalsets import read_records
+    from pop_analysis.quality.items import EvalDataError
 
     path = sparse_file(tmp_path / name, head)
     assert [r.get("question", r.get("prompt")) for r in read_records(path, 2)] == ["one", "two"]
@@ -183,7 +183,7 @@ def test_unterminated_csv_quote_names_the_file_and_line(tmp_path):
 
 def test_latin1_text_source_names_the_file(embedded, tmp_path, capsys, monkeypatch):
     import pop_analysis.commands.drift as command
-    from pop_analysis.drift_length import read_texts
+    from pop_analysis.inspection.drift_length import read_texts
 
     path = tmp_path / "latin1.txt"
     path.write_bytes("Caf\u00e9 au lait, cr\u00e8me br\u00fbl\u00e9e.\n".encode("latin-1"))

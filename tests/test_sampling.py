@@ -4,7 +4,7 @@ import torch
 
 from scipy.stats import chisquare
 
-from pop_analysis.generate import NUCLEUS_CANDIDATES, SamplingConfig, draw, nucleus, pick
+from pop_analysis.engine.generate import NUCLEUS_CANDIDATES, SamplingConfig, draw, nucleus, pick
 
 
 def full_sort_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

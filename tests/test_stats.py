@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from pop_analysis.stats import (NO_CHANGE, StatsError, mean_ci, paired_accuracy_delta, paired_delta,
-                                proportion_ci, required_n, verdict)
+from pop_analysis.quality.stats import (NO_CHANGE, StatsError, mean_ci, paired_accuracy_delta,
+    paired_delta, proportion_ci, required_n, verdict)
 
 
 def test_mean_ci_is_the_t_interval():
@@ -91,7 +91,7 @@ def test_required_n_matches_the_t_interval():
 
 
 def test_delta_text_never_reads_an_overlap_as_a_win():
-    from pop_analysis.quality import comparison_rows, delta_text
+    from pop_analysis.quality.summary import comparison_rows, delta_text
 
     worse = {"variant": "pop", "n": 64, "continuation_nll_delta": 0.15,
              "continuation_nll_delta_ci": [0.13, 0.17]}

@@ -5,15 +5,15 @@ import os
 
 import pytest
 
-from pop_analysis import store
-from pop_analysis.calibrate import (KIND, CalibrationConfig, CalibrationResult, cached_calibration,
-                                    list_calibrations, load_calibration, suggest_skip)
+from pop_analysis.store import results as store
+from pop_analysis.importance.calibrate import (KIND, CalibrationConfig, CalibrationResult,
+    cached_calibration, list_calibrations, load_calibration, suggest_skip)
 from pop_analysis.cli import main
-from pop_analysis.data import load_prompts
-from pop_analysis.drift import DriftResult, cached_drift
-from pop_analysis.models import model_from_hf
-from pop_analysis.records import RecordError, check
-from pop_analysis.sweep import SweepConfig, cached_sweep
+from pop_analysis.data.prompts import load_prompts
+from pop_analysis.inspection.drift import DriftResult, cached_drift
+from pop_analysis.engine.models import model_from_hf
+from pop_analysis.store.records import RecordError, check
+from pop_analysis.experiments.sweep import SweepConfig, cached_sweep
 from tiny import tiny_model
 
 CFG = CalibrationConfig(n_samples=2, max_new_tokens=3, batch_size=2)
@@ -136,7 +136,7 @@ def test_cli_calibrate_json_recomputes_a_bad_entry_with_one_warning(lm, cache, c
 
 def test_drift_entries_are_checked_against_the_prompt_and_skip_set(lm, cache):
     ids = lm.tokenizer("The cat sat on the mat and looked at the door.")["input_ids"]
-    from pop_analysis.drift import DriftConfig
+    from pop_analysis.inspection.drift import DriftConfig
 
     cfg = DriftConfig(decode_steps=2)
     first, hit = cached_drift(lm, ids, (4, 5), cfg)

@@ -6,11 +6,11 @@ import math
 import pytest
 
 from pop_analysis import cli
-from pop_analysis.models import model_from_hf
-from pop_analysis.skipset import preset
-from pop_analysis.sweep import (PAPER_TABLES, SweepConfig, SweepError, SweepResult, ablation_sweep,
-                                adaptive_skip, adaptive_sweep, cached_sweep, length_sweep,
-                                list_sweeps, load_sweep, paper_frame, ratio_sweep, write_csv)
+from pop_analysis.engine.models import model_from_hf
+from pop_analysis.engine.skipset import preset
+from pop_analysis.experiments.sweep import (PAPER_TABLES, SweepConfig, SweepError, SweepResult,
+    ablation_sweep, adaptive_skip, adaptive_sweep, cached_sweep, length_sweep, list_sweeps,
+    load_sweep, paper_frame, ratio_sweep, write_csv)
 from tiny import tiny_model
 
 SCHEMA = {"variant", "skip_ratio", "skip_layers", "prefill_speedup", "ideal_speedup",

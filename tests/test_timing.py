@@ -4,8 +4,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from pop_analysis.timing import (MAX_ROUNDS, TimingConfig, TimingError, check_budget,
-                                 check_rounds, measure)
+from pop_analysis.speed.timing import (MAX_ROUNDS, TimingConfig, TimingError, check_budget,
+    check_rounds, measure)
 
 
 class Fake:
@@ -197,7 +197,7 @@ def test_bad_input_runs_nothing():
 def test_empty_skip_set_times_near_one_on_the_embedded_model(embedded):
     """The real path: full vs POP with nothing skipped does the same work. A loose band only
     (a shared machine moves single rounds); the protocol's median must not invent a speedup."""
-    from pop_analysis.bench import random_prompt, time_prefill
+    from pop_analysis.speed.bench import random_prompt, time_prefill
 
     ids = random_prompt(embedded, 16)  # (1, 16)
     p = time_prefill(embedded, ids, "pop", (), TimingConfig(min_rounds=9, budget_s=0.5))

@@ -5,9 +5,9 @@ import json
 import os
 import sys
 
-from ..errors import InputError, shown
-from ..models import DEFAULT_MODEL, load_model
-from ..skipset import resolve
+from pop_analysis.engine.models import DEFAULT_MODEL, load_model
+from pop_analysis.engine.skipset import resolve
+from pop_analysis.errors import InputError, shown
 
 
 def add_model_args(p) -> None:

@@ -1,7 +1,7 @@
 """The --repair option shared by generate, drift, sweep and bench (the pop_repair variant)."""
 from __future__ import annotations
 
-from ..progress import terminal_bar
+from pop_analysis.progress import terminal_bar
 
 
 def add_repair_arg(p) -> None:
@@ -15,7 +15,7 @@ def attach_repair(args, lm, skip, quiet: bool = False):
     """Load or fit the repair named by --repair and attach it for `skip`; None without one."""
     if not args.repair:
         return None
-    from ..repair_store import ensure
+    from pop_analysis.repair.store import ensure
 
     return ensure(lm, skip, args.repair, None if quiet else terminal_bar)
 

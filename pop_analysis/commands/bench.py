@@ -1,10 +1,11 @@
 """Time TTFT of the full model and POP at several prompt lengths (the timing protocol)."""
 from __future__ import annotations
 
-from ..bench import bench
-from ..timing import check_budget, check_rounds
-from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
-from ._repair import add_repair_arg, attach_repair
+from pop_analysis.commands._common import (add_model_args, add_skip_args, emit_json, load, quiet_hf,
+    skip_from_args)
+from pop_analysis.commands._repair import add_repair_arg, attach_repair
+from pop_analysis.speed.bench import bench
+from pop_analysis.speed.timing import check_budget, check_rounds
 
 
 def add_arguments(p) -> None:
@@ -54,8 +55,8 @@ def run(args) -> int:
 def repair_timing(lm, length: int, skip, args) -> dict:
     """TTFT of pop_repair against pop itself, through the same protocol (ratio pop / repaired:
     1.0 = the same cost)."""
-    from ..bench import first_token, random_prompt, time_prefill
-    from ..timing import TimingConfig
+    from pop_analysis.speed.bench import first_token, random_prompt, time_prefill
+    from pop_analysis.speed.timing import TimingConfig
 
     ids = random_prompt(lm, length)
     cfg = TimingConfig(min_rounds=args.repeats, budget_s=args.timing_budget)

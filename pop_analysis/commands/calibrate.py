@@ -1,10 +1,10 @@
 """Stage-aware layer importance (virtual gates) on a prompt set, cached in the results store."""
 from __future__ import annotations
 
-from ..calibrate import CalibrationConfig, cached_calibration, suggest_skip
-from ..data import BUILTIN_NAME, load_prompts
-from ..progress import terminal_bar
-from ._common import add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf
+from pop_analysis.data.prompts import BUILTIN_NAME, load_prompts
+from pop_analysis.importance.calibrate import CalibrationConfig, cached_calibration, suggest_skip
+from pop_analysis.progress import terminal_bar
 
 
 def add_arguments(p) -> None:

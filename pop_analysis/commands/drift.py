@@ -1,17 +1,17 @@
 """Representation drift of POP vs the full model: hidden, K, V, attention output, next token."""
 from __future__ import annotations
 
-from ..data import load_prompts
-from ..drift import QUANTITIES, DriftConfig, average, cached_drift
-from ..drift_length import cached_drift_by_length, read_texts
-from ..generate import encode
-from ..pop import check_prompt
-from ..progress import terminal_bar
-from ..skipset import describe
-from ..store import plain
-from ._common import (add_model_args, add_skip_args, emit_json, int_list, load, quiet_hf,
-                      skip_from_args)
-from ._repair import add_repair_arg, attach_repair
+from pop_analysis.commands._common import (add_model_args, add_skip_args, emit_json, int_list, load,
+    quiet_hf, skip_from_args)
+from pop_analysis.commands._repair import add_repair_arg, attach_repair
+from pop_analysis.data.prompts import load_prompts
+from pop_analysis.engine.generate import encode
+from pop_analysis.engine.pop import check_prompt
+from pop_analysis.engine.skipset import describe
+from pop_analysis.inspection.drift import QUANTITIES, DriftConfig, average, cached_drift
+from pop_analysis.inspection.drift_length import cached_drift_by_length, read_texts
+from pop_analysis.progress import terminal_bar
+from pop_analysis.store.schema import plain
 
 
 def add_arguments(p) -> None:

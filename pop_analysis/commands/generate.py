@@ -1,13 +1,13 @@
 """Generate with the full model and POP variants side by side."""
 from __future__ import annotations
 
-from ..generate import SamplingConfig, encode
-from ..generate import run as run_generation
-from ..pop import VARIANTS, check_prompt
-from ..timing import TimingConfig, check_budget, check_rounds
-from ._common import (add_model_args, add_skip_args, emit_json, int_list, load, quiet_hf,
-                      skip_from_args)
-from ._repair import add_repair_arg, attach_repair, need_repair
+from pop_analysis.commands._common import (add_model_args, add_skip_args, emit_json, int_list, load,
+    quiet_hf, skip_from_args)
+from pop_analysis.commands._repair import add_repair_arg, attach_repair, need_repair
+from pop_analysis.engine.generate import SamplingConfig, encode
+from pop_analysis.engine.generate import run as run_generation
+from pop_analysis.engine.pop import VARIANTS, check_prompt
+from pop_analysis.speed.timing import TimingConfig, check_budget, check_rounds
 
 
 def add_arguments(p) -> None:
@@ -73,8 +73,8 @@ def run(args) -> int:
 def speed_fields(lm, ids, skip, variants, timing) -> dict:
     """TTFT speedup of pop over full through the timing protocol (the streamed runs above
     warmed both paths). Per-run ttft_ms values are single streamed runs, shown for reading."""
-    from ..bench import time_prefill
-    from ..flops import ideal_speedup
+    from pop_analysis.speed.bench import time_prefill
+    from pop_analysis.speed.flops import ideal_speedup
 
     if not {"full", "pop"} <= set(variants):
         return {"prefill_speedup": None,
@@ -101,7 +101,7 @@ def warm_up(lm, ids, variants, skip) -> None:
     """One untimed prompt pass per variant, so the first timed run pays no allocator warm-up."""
     import torch
 
-    from ..pop import run_prompt
+    from pop_analysis.engine.pop import run_prompt
 
     prompt = torch.tensor([ids], device=lm.device)  # (1, N)
     for v in variants:

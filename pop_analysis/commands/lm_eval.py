@@ -33,7 +33,7 @@ def with_device(rest: list[str]) -> list[str]:
                 for a in rest)
     if named or rest[0] in ("ls", "validate", "-h", "--help"):
         return rest
-    from ..models import default_device
+    from pop_analysis.engine.models import default_device
 
     return [*rest, "--device", default_device()]
 
@@ -43,15 +43,16 @@ def with_local_tasks(rest: list[str]) -> list[str]:
     tasks = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--tasks"), "")
     if "--include_path" in rest or not any(t.startswith("pop_") for t in tasks.split(",")):
         return rest
-    from ..mc import task_dir
+    from pop_analysis.harness.mc import task_dir
 
     return [*rest, "--include_path", str(task_dir())]
 
 
 def run(args) -> int:
     rest = with_local_tasks(harness_argv(args))
-    from .. import lm_eval_model  # noqa: F401 - importing registers "pop-hf"
     from lm_eval.__main__ import cli_evaluate
+
+    from pop_analysis.harness import lm_eval_model  # noqa: F401 - importing registers "pop-hf"
 
     saved = sys.argv
     sys.argv = ["lm-eval", *rest]  # lm-eval's parser reads sys.argv (and inserts "run" if absent)

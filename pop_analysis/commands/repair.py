@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import time
 
-from ..data import BUILTIN_NAME
-from ..progress import terminal_bar
-from ..repair import RepairConfig
-from ..repair_store import fit_and_store, listing, memory
-from ..skipset import describe
-from ._common import add_model_args, add_skip_args, emit_json, load, quiet_hf, skip_from_args
+from pop_analysis.commands._common import (add_model_args, add_skip_args, emit_json, load, quiet_hf,
+    skip_from_args)
+from pop_analysis.data.prompts import BUILTIN_NAME
+from pop_analysis.engine.skipset import describe
+from pop_analysis.progress import terminal_bar
+from pop_analysis.repair.fit import RepairConfig
+from pop_analysis.repair.store import fit_and_store, listing, memory
 
 
 def add_arguments(p) -> None:

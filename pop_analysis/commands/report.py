@@ -6,11 +6,11 @@ import os
 import sys
 from pathlib import Path
 
-from ..paths import REPO_ROOT
-from ..progress import terminal_bar
-from ..report import PARTS, ReportConfig, ReportError, collect
-from ..report_render import write_report
-from ._common import add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf
+from pop_analysis.experiments.report import PARTS, ReportConfig, ReportError, collect
+from pop_analysis.experiments.report_render import write_report
+from pop_analysis.progress import terminal_bar
+from pop_analysis.store.paths import REPO_ROOT
 
 DEFAULT_OUT = REPO_ROOT / "docs" / "reproduction.md"
 

@@ -5,11 +5,12 @@ import json
 import sys
 from pathlib import Path
 
-from ..progress import terminal_bar
-from ..sweep import DEFAULT_SAMPLES, KINDS, SweepConfig, SweepError, cached_sweep, write_csv
-from ..timing import TimingError, check_budget, check_rounds
-from ._common import add_model_args, emit_json, load, quiet_hf
-from ._repair import add_repair_arg
+from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._repair import add_repair_arg
+from pop_analysis.experiments.sweep import (DEFAULT_SAMPLES, KINDS, SweepConfig, SweepError,
+    cached_sweep, write_csv)
+from pop_analysis.progress import terminal_bar
+from pop_analysis.speed.timing import TimingError, check_budget, check_rounds
 
 SHOWN = ["kind", "variant", "skip_ratio", "length", "n", "prefill_speedup", "speedup_range",
          "ideal_speedup", "roofline_speedup", "timing_trustworthy", "continuation_nll", "next_token_kl", "next_token_top1", "greedy_agreement", "exact_match",
@@ -109,7 +110,7 @@ def load_calibration_arg(text: str | None):
             return json.loads(path.read_text(encoding="utf-8"))
         except ValueError as e:
             raise SweepError(f"{path}: not valid JSON ({e})") from None
-    from ..calibrate import load_calibration  # checked before it is trusted
+    from pop_analysis.importance.calibrate import load_calibration
 
     payload = load_calibration(text)
     if payload is None:

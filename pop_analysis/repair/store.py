@@ -1,0 +1,184 @@
+"""Fitted repairs on disk and on the runtime: store, list, load, check, attach, ensure.
+
+A repair lives under cache/results/repair/ as KEY.safetensors (the maps, float32, never pickle)
+beside KEY.json (the store's sidecar: model identity, skip set, data, settings, fit statistics).
+KEY hashes the model identity, skip set, data fingerprint and settings. Attaching registers the
+maps on the model's adapter for their skip set, where the pop_repair variant finds them; a repair
+fitted for another model or skip set is refused with one line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from pop_analysis.engine.pop import RepairError
+from pop_analysis.engine.skipset import describe
+from pop_analysis.errors import first_line
+from pop_analysis.repair.fit import (Repair, RepairConfig, calibration, check_block, fit_repair,
+    model_identity)
+from pop_analysis.store import results as store
+
+KIND = "repair"  # store kind
+
+
+
+
+def _params(model: dict, skip, data_fingerprint: str, cfg: RepairConfig) -> dict:
+    """The parameters that determine a repair (hashed into its store key)."""
+    model = {k: v for k, v in model.items() if k != "name"}  # the same weights under any name
+    return {"model": model, "skip": [int(i) for i in skip], "data": data_fingerprint,
+            "config": dataclasses.asdict(cfg)}
+
+
+def params_of(rep: Repair) -> dict:
+    return _params(rep.model, rep.skip, rep.info["data"]["fingerprint"], rep.config)
+
+
+def _path(key: str) -> Path | None:
+    """The maps' file of a store key; None for anything else (no paths from input)."""
+    entry = store.entry_path(KIND, key)
+    return None if entry is None else entry.with_suffix(".safetensors")
+
+
+def save(rep: Repair) -> Repair:
+    """Write the maps (atomically) and then the sidecar; returns the repair with its key."""
+    from safetensors.torch import save_file
+
+    params = params_of(rep)
+    rep.key = store.make_key(params)
+    folder = store.results_dir(KIND)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{rep.key}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(rep.tensors, tmp, metadata={"key": rep.key, "skip": describe(rep.skip)})
+        os.replace(tmp, _path(rep.key))
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    payload = {"skip": list(rep.skip), "model": rep.model, "config": dataclasses.asdict(rep.config),
+               "info": rep.info}
+    store.save(KIND, rep.key, payload, {**params, "name": rep.model["name"],
+                                        "data_name": rep.info["data"]["name"],
+                                        "n_tokens": rep.info["n_tokens"]})
+    return rep
+
+
+def load(key: str) -> Repair:
+    """A stored repair by key; a one-line RepairError when missing or unreadable."""
+    from safetensors.torch import load_file
+
+    path = _path(key)
+    payload = store.load(KIND, key) if path is not None else None
+    if payload is None or not path.is_file():
+        raise RepairError(f"no stored repair {key!r:.40} (python -m pop_analysis repair list)")
+    try:
+        tensors = load_file(str(path))
+        cfg = dict(payload["config"], alphas=tuple(payload["config"]["alphas"]))
+        rep = Repair(key, tuple(int(i) for i in payload["skip"]), dict(payload["model"]),
+                     RepairConfig(**cfg), tensors, dict(payload["info"]))
+        _check_tensors(rep)
+        return rep
+    except Exception as e:  # noqa: BLE001 - a damaged file or sidecar: one line
+        raise RepairError(f"stored repair {key} is unreadable ({first_line(e)}); delete it "
+                          "and fit again") from None
+
+
+def _check_tensors(rep: Repair) -> None:
+    """The maps a stored repair must hold: per skipped layer a (out, D) weight and (out,) bias
+    for K and for V, finite."""
+    want = {f"{i}.{n}.{p}" for i in rep.skip for n in "kv" for p in ("weight", "bias")}
+    if set(rep.tensors) != want:
+        raise ValueError(f"its maps do not cover skip set {describe(rep.skip)}")
+    for name, t in rep.tensors.items():
+        if t.dim() != (2 if name.endswith("weight") else 1) or not torch.isfinite(t).all():
+            raise ValueError(f"map {name} is malformed")
+
+
+def entries(lm=None, skip=None) -> list[dict]:
+    """Stored repairs, newest first; only those matching `lm` (and `skip`) when given."""
+    out = store.entries(KIND)
+    if lm is not None:
+        fp = model_identity(lm)["fingerprint"]
+        out = [e for e in out if e["params"].get("model", {}).get("fingerprint") == fp]
+    if skip is not None:
+        want = sorted(int(i) for i in skip)
+        out = [e for e in out if e["params"].get("skip") == want]
+    return out
+
+
+def listing(lm=None, skip=None) -> list[dict]:
+    """One row per stored repair (newest first; `lm` / `skip` filter as in `entries`): what it
+    was fitted on, how long it took, the last skipped layer's R^2 of plain POP's projection and
+    of the fitted map, and the bytes of its maps in float32 (from the sidecar; the maps are not
+    read)."""
+    rows = []
+    for e in entries(lm, skip):
+        p = e["params"]
+        payload = store.load(KIND, e["key"]) or {}
+        info, model = payload.get("info", {}), p.get("model", {})
+        last = info.get("fit", {}).get(str((p.get("skip") or [None])[-1]), {})
+        per_map = model.get("kv_dim", 0) * (model.get("hidden", 0) + 1)  # weight and bias
+        rows.append({"key": e["key"], "model": p.get("name"), "skip": p.get("skip") or [],
+                     "data": p.get("data_name"), "n_tokens": p.get("n_tokens"),
+                     "saved_at": e["saved_at"], "seconds": info.get("seconds"),
+                     "last_layer_r2": {q: (last.get(f"{q}_r2_pop"), last.get(f"{q}_r2_loo"))
+                                       for q in "kv"},
+                     "repair_bytes": 2 * len(p.get("skip") or []) * per_map * 4})
+    return rows
+
+
+def check_compatible(lm, rep: Repair, skip=None) -> None:
+    """Refuse, in one line, a repair fitted for another model or another skip set."""
+    mine = model_identity(lm)
+    theirs = {k: v for k, v in rep.model.items() if k != "name"}
+    if any(mine.get(k) != v for k, v in theirs.items()):
+        raise RepairError(f"repair {rep.key or '(unsaved)'} was fitted for model "
+                          f"{rep.model.get('name')} ({rep.model.get('fingerprint')}), not for "
+                          f"{mine['name']} ({mine['fingerprint']})")
+    if skip is not None and tuple(sorted(int(i) for i in skip)) != tuple(rep.skip):
+        raise RepairError(f"repair {rep.key or '(unsaved)'} was fitted for skip set "
+                          f"{describe(rep.skip)}, not {describe(skip)}")
+
+
+def attach(lm, rep: Repair, skip=None) -> Repair:
+    """Register the repair's maps on the model for its skip set (pop_repair then uses them)."""
+    check_compatible(lm, rep, skip)
+    lm.adapter.register_kv_maps(rep.skip, rep.maps(), rep.key)
+    return rep
+
+
+def fit_and_store(lm, skip, cfg: RepairConfig = RepairConfig(), progress=None,
+                  use_cache: bool = True) -> tuple[Repair, bool]:
+    """(repair, was_stored): the stored repair for these settings and data, or fit and store."""
+    skip = check_block(skip, lm.adapter.n_layers)
+    data = calibration(lm, cfg)
+    key = store.make_key(_params(model_identity(lm), skip, data.fingerprint, cfg))
+    if use_cache and store.load(KIND, key) is not None and _path(key).is_file():  # a full entry
+        return load(key), True
+    return save(fit_repair(lm, skip, cfg, progress, data)), False
+
+
+def ensure(lm, skip, spec="auto", progress=None) -> Repair:
+    """Attach a repair for this skip set: spec is a store key, "auto" (the newest stored one for
+    this model and skip set, else a fit with the default settings) or a RepairConfig."""
+    skip = check_block(skip, lm.adapter.n_layers)
+    if isinstance(spec, RepairConfig):
+        return attach(lm, fit_and_store(lm, skip, spec, progress)[0], skip)
+    if spec == "auto":
+        found = entries(lm, skip)
+        rep = load(found[0]["key"]) if found else fit_and_store(lm, skip, RepairConfig(),
+                                                                 progress)[0]
+        return attach(lm, rep, skip)
+    return attach(lm, load(str(spec)), skip)
+
+
+def memory(lm, rep: Repair) -> dict:
+    """Bytes of the extra projections (in the model's dtype) beside the model's own size."""
+    params = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    extra = rep.nbytes(lm.dtype)
+    return {"repair_bytes": extra, "model_bytes": params, "share": extra / params}
