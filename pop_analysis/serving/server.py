@@ -1,0 +1,326 @@
+"""Start and stop a local vLLM OpenAI-compatible server for one model directory and skip set.
+
+The engine runs as `python -m vllm.entrypoints.openai.api_server` under the serving venv's Python
+(the `vllm` console script of the CPU build asks for a distribution named `vllm` and fails),
+listening on 127.0.0.1 only, with usage statistics off and every cache under the project's cache/.
+It never outlives the process that started it:
+- it is started through watchdog.py as the leader of a new process group, so stop() ends the
+  front end, the engine core and its workers together;
+- an atexit hook stops every engine still running when this interpreter exits;
+- the watchdog ends the group when this process disappears without running atexit (SIGKILL).
+
+`variant="full"` is stock vLLM; any other variant selects the POP plugin (pop_vllm/) through
+`--hf-overrides` (see pop_overrides()).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from pop_analysis.paths import cache_dir
+from pop_analysis.serving import venv
+from pop_analysis.serving.venv import ServingError
+
+HOST = "127.0.0.1"
+WATCHDOG = Path(__file__).with_name("watchdog.py")
+START_TIMEOUT_S = 600.0  # a cold start on 2 shared cores took 28 s; compiled mode takes longer
+POLL_S = 0.5  # readiness polls (each one is a wait on the engine's exit, so a crash ends it)
+STOP_TIMEOUT_S = 20.0
+# Architectures the POP plugin registers a Pop* variant for (stock vLLM serves many more).
+POP_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# What the log says while the engine starts, in order: (pattern, what the bar shows).
+MILESTONES = (
+    (r"non-default args", "reading the model config"),
+    (r"Initializing a V1 LLM engine", "starting the engine core"),
+    (r"Starting to load model", "loading the weights"),
+    (r"Loading weights took", "allocating the KV cache"),
+    (r"init engine .* took", "starting the HTTP front end"),
+    (r"Application startup complete", "ready"),
+)
+# Log lines that explain an engine's death better than its last line does.
+CAUSES = (
+    (re.compile(r"Model architectures? \[?'?([\w.]+)'?\]? (?:are|is) not supported"),
+     "model architecture {0} is not supported by this vLLM build"),
+    (re.compile(r"No module named '?([\w.]+)'?"), "the serving venv is broken (no module {0}): "
+     + venv.INSTALL_HINT.replace("build it", "rebuild it")),
+    (re.compile(r"(?:Address already in use|address already in use)"),
+     "the port was taken while the engine started; pick another port"),
+)
+_RUNNING: set["Engine"] = set()  # engines this process started and has not stopped
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What one engine serves and how."""
+
+    model_dir: str  # a local directory with config.json, safetensors and a tokenizer
+    name: str  # the model name clients send ("smollm2-135m")
+    skip: tuple[int, ...] = ()  # 0-indexed skipped layers (POP variants only)
+    variant: str = "full"  # "full": stock vLLM; "pop" ...: the POP plugin
+    port: int = 0  # 0: a free port
+    kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE (without it the KV cache took 21 GiB)
+    max_model_len: int = 4096
+    dtype: str = "float32"  # POP Lab's CPU dtype (vLLM would downcast to bfloat16)
+    eager: bool = True  # --enforce-eager (compiled mode starts slower)
+    switchable: bool = False  # POP engine with a run-time full/POP switch (dev endpoints on)
+    threads: int | None = None  # OMP threads of the worker (None: vLLM's choice)
+
+    @property
+    def pop(self) -> bool:
+        return self.variant != "full"
+
+
+def architecture(model_dir: str) -> str:
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ServingError(f"{model_dir} has no readable config.json ({e})") from None
+    return (cfg.get("architectures") or ["unknown"])[0]
+
+
+def pop_overrides(spec: EngineSpec, arch: str) -> dict:
+    """The --hf-overrides that select the plugin's Pop* model, its skip set and variant."""
+    if arch not in POP_ARCHS:
+        raise ServingError(f"model architecture {arch} is not supported by the POP plugin "
+                           f"(supported: {', '.join(POP_ARCHS)}); serve it as variant full")
+    return {"architectures": [f"Pop{arch}"],
+            "pop": {"skip_layers": list(spec.skip), "variant": spec.variant}}
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def engine_env(spec: EngineSpec) -> dict:
+    """The environment of the engine: offline, no usage statistics, caches under cache/."""
+    cache = cache_dir()
+    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": HOST,
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_CPU_KVCACHE_SPACE": f"{spec.kv_cache_gib:g}",
+           "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+           "HF_HOME": str(cache / "hf"), "PYTHONUNBUFFERED": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    if spec.switchable:
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # the /collective_rpc route of the run-time switch
+    if spec.threads:
+        env["OMP_NUM_THREADS"] = str(spec.threads)
+    return env
+
+
+def command(spec: EngineSpec, python: str, port: int) -> list[str]:
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_dir,
+           "--served-model-name", spec.name, "--host", HOST, "--port", str(port),
+           "--max-model-len", str(spec.max_model_len), "--dtype", spec.dtype,
+           "--disable-uvicorn-access-log"]
+    if spec.eager:
+        cmd.append("--enforce-eager")
+    if spec.pop:
+        cmd += ["--hf-overrides", json.dumps(pop_overrides(spec, architecture(spec.model_dir)),
+                                             separators=(",", ":"))]
+        cmd.append("--no-enable-prefix-caching")  # a cached block may hold full-path K/V
+    return cmd
+
+
+class Engine:
+    """One vLLM server process group; start() blocks until it answers (bounded)."""
+
+    def __init__(self, spec: EngineSpec, log_dir: Path | None = None):
+        self.spec = spec
+        self.log_dir = Path(log_dir or cache_dir() / "serving")
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.cmd: list[str] = []
+        self.log_path: Path | None = None
+        self.start_s: float | None = None  # seconds from launch to ready
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def command_line(self) -> str:
+        """The exact vLLM command (with the environment that matters), for a shell."""
+        env = engine_env(self.spec)
+        keep = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_HOST_IP", "HF_HUB_OFFLINE",
+                "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
+                "VLLM_SERVER_DEV_MODE", "OMP_NUM_THREADS")
+        pre = [f"{k}={shlex.quote(env[k])}" for k in keep if k in env]
+        return " ".join(pre + [shlex.quote(c) for c in self.cmd])
+
+    def start(self, progress=None, timeout_s: float = START_TIMEOUT_S) -> "Engine":
+        """Launch and wait until /health answers. progress(done, total, message) follows the
+        log's milestones. One-line ServingError when it cannot start."""
+        python = str(venv.python())
+        port = self.spec.port or free_port()
+        if not port_free(port):
+            raise ServingError(f"port {port} on {HOST} is in use; pick another port (0 = any free one)")
+        self.port, self.cmd = port, command(self.spec, python, port)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.log_dir / f"engine-{port}.log"
+        t0 = time.perf_counter()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [python, str(WATCHDOG), str(os.getpid()), *self.cmd], env=engine_env(self.spec),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=cache_dir())
+        _RUNNING.add(self)
+        try:
+            self._wait_ready(progress, t0 + timeout_s, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_s = time.perf_counter() - t0
+        return self
+
+    def _wait_ready(self, progress, deadline: float, timeout_s: float) -> None:
+        seen = 0
+        while True:
+            if self._healthy():
+                if progress:
+                    progress(len(MILESTONES), len(MILESTONES), "ready")
+                return
+            text = self.log_text()
+            while seen < len(MILESTONES) and re.search(MILESTONES[seen][0], text):
+                seen += 1
+            if progress:
+                progress(seen, len(MILESTONES), MILESTONES[max(seen - 1, 0)][1] if seen
+                         else "starting Python and importing vLLM")
+            if time.perf_counter() > deadline:
+                raise ServingError(f"the engine did not answer within {timeout_s:.0f} s; "
+                                   f"last log line: {self.last_log_line()}")
+            try:
+                self.proc.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                continue
+            raise ServingError(f"the engine exited while starting: {self.cause()}")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check(self) -> None:
+        """ServingError (one line, with the log's cause) when the engine has died."""
+        if self.proc is not None and not self.alive():
+            raise ServingError(f"the engine died (exit {self.proc.returncode}): {self.cause()}")
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM to the process group, SIGKILL to what is left after timeout_s."""
+        with self._lock:
+            _RUNNING.discard(self)
+            if self.proc is None:
+                return
+            pgid = self.proc.pid
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            end = time.monotonic() + timeout_s
+            while group_members(pgid) and time.monotonic() < end:
+                _signal_group(pgid, signal.SIGKILL)
+                time.sleep(0.1)  # the kernel reaps the group's members
+            if self.proc.poll() is None:
+                self.proc.wait(timeout=timeout_s)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace") if self.log_path else ""
+        except OSError:
+            return ""
+
+    def last_log_line(self) -> str:
+        lines = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()
+                 and "Route:" not in ln and "it/s]" not in ln]
+        return lines[-1][:300] if lines else "(the log is empty)"
+
+    def cause(self) -> str:
+        """Why the engine stopped, in one line: a known cause from the log, else its last line."""
+        text = self.log_text()
+        for pattern, words in CAUSES:
+            m = pattern.search(text)
+            if m:
+                return words.format(*m.groups())
+        return f"last log line: {self.last_log_line()} (log: {self.log_path})"
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the whole process group (front end, engine core, workers)."""
+        return sum(_rss(pid) for pid in group_members(self.proc.pid)) if self.proc else 0
+
+    def pids(self) -> list[int]:
+        return group_members(self.proc.pid) if self.proc else []
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group pgid, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+def _rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _signal_group(pgid: int, sig) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all() -> None:
+    for engine in list(_RUNNING):
+        engine.stop()
+
+
+atexit.register(stop_all)
