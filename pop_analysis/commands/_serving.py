@@ -1,0 +1,41 @@
+"""Arguments shared by the serving commands (serve, serve-bench)."""
+from __future__ import annotations
+
+import sys
+
+from ..serving.server import START_TIMEOUT_S
+from ..serving.spec import VARIANTS, make_spec, model_dir, n_layers
+from ._common import skip_from_args
+
+
+def add_engine_args(p, variant_default: str = "pop") -> None:
+    p.add_argument("--variant", default=variant_default, choices=VARIANTS,
+                   help=f"what the engine serves (default {variant_default}; full = stock vLLM)")
+    p.add_argument("--kv-cache-gib", type=float, default=1.0,
+                   help="the engine's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE, default 1)")
+    p.add_argument("--max-model-len", type=int, default=4096, help="longest request in tokens")
+    p.add_argument("--dtype", default="float32", help="engine dtype (default float32, as POP Lab on CPU)")
+    p.add_argument("--compiled", action="store_true",
+                   help="let vLLM compile the model (slower start; default eager)")
+    p.add_argument("--start-timeout", type=float, default=START_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up when the engine has not answered after this long (default {START_TIMEOUT_S:g})")
+
+
+def spec_from_args(args, variant: str | None = None, port: int = 0):
+    directory = model_dir(args.model)
+    skip = skip_from_args(args, n_layers(directory))
+    if args.kv_cache_gib <= 0 or args.max_model_len < 16 or args.start_timeout <= 0:
+        raise ValueError("--kv-cache-gib and --start-timeout must be positive, --max-model-len >= 16")
+    return make_spec(args.model, skip, variant or args.variant, port=port,
+                     kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
+                     dtype=args.dtype, eager=not args.compiled)
+
+
+def stderr_progress(what: str):
+    """progress(done, total, message) of an engine start as one rewritten stderr line."""
+    def show(done, total, message):
+        sys.stderr.write(f"\r{what}: {done}/{total} {message:<40}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+    return show

@@ -1,0 +1,47 @@
+"""Serve POP through a local vLLM OpenAI-compatible server until Ctrl-C."""
+from __future__ import annotations
+
+from ..models import DEFAULT_MODEL
+from ..serving.server import Engine
+from ..skipset import describe
+from ._common import add_skip_args, emit_json
+from ._serving import add_engine_args, spec_from_args, stderr_progress
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"registry name or local model directory (default {DEFAULT_MODEL})")
+    add_skip_args(p, default_ratio=0.33)
+    add_engine_args(p)
+    p.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free one)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON line (url, command, start-up) once the engine is ready")
+
+
+def run(args) -> int:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must lie in 0..65535, got {args.port}")
+    spec = spec_from_args(args, port=args.port)
+    engine = Engine(spec)
+    what = "full model" if not spec.pop else f"{spec.variant}, skip {describe(spec.skip)}"
+    try:
+        engine.start(progress=stderr_progress(f"starting vLLM ({what})"), timeout_s=args.start_timeout)
+        info = {"url": f"{engine.url}/v1", "model": spec.name, "variant": spec.variant,
+                "skip_layers": list(spec.skip), "command": engine.command_line,
+                "start_s": round(engine.start_s, 2), "rss_mib": round(engine.rss_bytes() / 2**20),
+                "log": str(engine.log_path)}
+        if args.json:
+            emit_json(info)
+        else:
+            print(f"serving {spec.name} ({what}) at {info['url']} "
+                  f"(ready in {info['start_s']:.1f} s, {info['rss_mib']} MiB resident)")
+            print(f"command: {engine.command_line}")
+            print(f"log: {engine.log_path}\nCtrl-C stops it.", flush=True)
+        engine.proc.wait()  # returns only when the engine ends on its own
+        engine.check()
+        return 0
+    except KeyboardInterrupt:
+        print("\nstopping the engine ...", flush=True)
+        return 0
+    finally:
+        engine.stop()

@@ -1,0 +1,42 @@
+"""From what a user names (a model, a skip set, a variant) to an EngineSpec, without loading the
+model: the engine reads the weights itself, this only needs config.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pop_analysis.models import resolve_source
+from pop_analysis.serving.server import EngineSpec
+from pop_analysis.serving.venv import ServingError
+
+VARIANTS = ("full", "pop", "pop_no_kv", "pop_no_boundary", "pop_repair")  # as in POP Lab
+
+
+def model_dir(name: str) -> str:
+    """A registry name or a local directory -> the directory vLLM loads (hub ids are refused:
+    the engine runs offline)."""
+    source, local = resolve_source(name)
+    if not local:
+        raise ServingError(f"the serving engine runs offline: give a registry name or a local "
+                           f"model directory, not the hub id {name!r}")
+    return str(Path(source).resolve())
+
+
+def n_layers(directory: str) -> int:
+    try:
+        cfg = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ServingError(f"{directory} has no readable config.json ({e})") from None
+    cfg = cfg.get("text_config", cfg)
+    return int(cfg["num_hidden_layers"])
+
+
+def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", **engine) -> EngineSpec:
+    """The engine for `model` (registry name or directory) with this skip set and variant."""
+    if variant not in VARIANTS:
+        raise ServingError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if variant != "full" and not skip:
+        raise ServingError(f"variant {variant} needs a non-empty skip set")
+    directory = model_dir(model)
+    return EngineSpec(model_dir=directory, name=Path(model).name if "/" in model else model,
+                      skip=tuple(skip) if variant != "full" else (), variant=variant, **engine)
