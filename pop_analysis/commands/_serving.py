@@ -11,7 +11,7 @@ from ._common import skip_from_args
 def add_engine_args(p, variant_default: str = "pop") -> None:
     p.add_argument("--variant", default=variant_default, choices=VARIANTS,
                    help=f"what the engine serves (default {variant_default}; full = stock vLLM)")
-    p.add_argument("--kv-cache-gib", type=float, default=1.0,
+    p.add_argument("--kv-cache-gib", type=int, default=1,
                    help="the engine's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE, default 1)")
     p.add_argument("--max-model-len", type=int, default=4096, help="longest request in tokens")
     p.add_argument("--dtype", default="float32", help="engine dtype (default float32, as POP Lab on CPU)")

@@ -57,6 +57,7 @@ CAUSES = (
     (re.compile(r"(?:Address already in use|address already in use)"),
      "the port was taken while the engine started; pick another port"),
 )
+ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception)\b|Value error)")
 _RUNNING: set["Engine"] = set()  # engines this process started and has not stopped
 
 
@@ -69,7 +70,7 @@ class EngineSpec:
     skip: tuple[int, ...] = ()  # 0-indexed skipped layers (POP variants only)
     variant: str = "full"  # "full": stock vLLM; "pop" ...: the POP plugin
     port: int = 0  # 0: a free port
-    kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE (without it the KV cache took 21 GiB)
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE, whole GiB (without it the KV cache took 21 GiB)
     max_model_len: int = 4096
     dtype: str = "float32"  # POP Lab's CPU dtype (vLLM would downcast to bfloat16)
     eager: bool = True  # --enforce-eager (compiled mode starts slower)
@@ -91,6 +92,9 @@ def architecture(model_dir: str) -> str:
 
 def pop_overrides(spec: EngineSpec, arch: str) -> dict:
     """The --hf-overrides that select the plugin's Pop* model, its skip set and variant."""
+    if not venv.has_plugin():
+        raise ServingError(f"the POP plugin (pop_vllm) is not installed in {venv.venv_dir().name}: "
+                           f"run `bash {venv.INSTALL_SCRIPT}`")
     if arch not in POP_ARCHS:
         raise ServingError(f"model architecture {arch} is not supported by the POP plugin "
                            f"(supported: {', '.join(POP_ARCHS)}); serve it as variant full")
@@ -118,7 +122,7 @@ def engine_env(spec: EngineSpec) -> dict:
     cache = cache_dir()
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": HOST,
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": f"{spec.kv_cache_gib:g}",
+           "VLLM_CPU_KVCACHE_SPACE": str(int(spec.kv_cache_gib)),
            "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
            "HF_HOME": str(cache / "hf"), "PYTHONUNBUFFERED": "1"}
     env.pop("VIRTUAL_ENV", None)
@@ -269,6 +273,9 @@ class Engine:
             m = pattern.search(text)
             if m:
                 return words.format(*m.groups())
+        errors = [ln.strip() for ln in text.splitlines() if ERROR_LINE.match(ln)]
+        if errors:
+            return f"{errors[-1][:300]} (log: {self.log_path})"
         return f"last log line: {self.last_log_line()} (log: {self.log_path})"
 
     def rss_bytes(self) -> int:

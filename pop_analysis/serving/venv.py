@@ -36,6 +36,11 @@ def python() -> Path:
     return exe
 
 
+def has_plugin() -> bool:
+    """True when the POP plugin (pop_vllm/) is installed in the serving venv."""
+    return any(venv_dir().glob("lib/python3*/site-packages/pop_vllm*"))
+
+
 def ready() -> bool:
     try:
         python()

@@ -1,0 +1,127 @@
+"""Plumbing of the Serve page: the session's vLLM engines (pop_analysis.serving.Serving), the
+install, start and load-test runs on dashboard.jobs, generation through the engines.
+
+The engines live in this session's state and in the serving module's atexit list, and each runs
+under a watchdog that ends it when this dashboard process disappears: none outlives the process.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import jobs, state
+from pop_analysis.errors import first_line
+from pop_analysis.progress import Tracker, duration
+from pop_analysis.serving import venv
+from pop_analysis.serving.session import Serving
+from pop_analysis.serving.spec import make_spec
+
+SERVING = "lab.serving"  # the running Serving of this session (or absent)
+BENCH = "lab.serve_bench"  # rows of the last load test
+GENERATED = "lab.serve_generated"  # {"full": {...}, variant: {...}, "prompt": ...}
+INSTALL_STEPS = 5  # lines the install script prints on a fresh build
+
+
+def current() -> Serving | None:
+    s = st.session_state.get(SERVING)
+    return s if s is not None and s.alive() else None
+
+
+def dead_note() -> str | None:
+    """One line when this session's engines died (and forget them)."""
+    s = st.session_state.get(SERVING)
+    if s is None or s.alive():
+        return None
+    st.session_state.pop(SERVING, None)
+    try:
+        s.check()
+        return "The engine has stopped."
+    except Exception as e:  # noqa: BLE001 - its one-line cause
+        s.stop()
+        return f"The engine stopped: {first_line(e)}"
+
+
+def _steps(monitor):
+    """progress(done, total, message) -> a Tracker on the job's monitor (made at the first call)."""
+    box = {}
+
+    def show(done, total, message):
+        t = box.setdefault("t", Tracker(total, monitor))
+        t.step(max(done - t.done, 0), message)
+    return show
+
+
+def start_install() -> None:
+    def run(monitor):
+        t = Tracker(INSTALL_STEPS, monitor, "building .venv-vllm")
+        lines = []
+
+        def on_line(line):
+            lines.append(line)
+            t.step(1 if line.startswith("install_vllm:") and t.done < t.total - 1 else 0, line[:120])
+        code = venv.install(on_line, cancel=monitor.cancel_event)
+        if code:
+            raise RuntimeError(f"the install script failed (exit {code}): {lines[-1] if lines else ''}")
+        return None, False
+
+    def done(job):
+        if job.error is not None:
+            return "error", f"Installing the serving engine failed: {first_line(job.error)}"
+        if job.cancelled is not None:
+            return "warning", "Installing the serving engine was cancelled."
+        return "success", f"The serving engine is installed ({duration(job.seconds)})."
+    jobs.start("serve_install", f"Installing vLLM ({venv.DOWNLOAD})", run, done)
+
+
+def start_engines(model: str, skip, variant: str) -> None:
+    stop()
+    spec = make_spec(model, tuple(skip), variant)
+
+    def run(monitor):
+        return Serving(spec, progress=_steps(monitor)), False
+
+    def done(job):
+        if job.error is not None:
+            return "error", f"The engine did not start: {first_line(job.error)}"
+        if job.cancelled is not None:
+            return "warning", "Starting the engine was cancelled; nothing is left running."
+        st.session_state[SERVING] = job.result[0]
+        return "success", f"Engines ready in {duration(job.seconds)}."
+    jobs.start("serve_start", "Starting vLLM", run, done,
+               context={"model": model, "variant": variant})
+
+
+def stop() -> None:
+    s = st.session_state.pop(SERVING, None)
+    if s is not None:
+        s.stop()
+
+
+def generate(s: Serving, prompt: str, max_tokens: int) -> None:
+    try:
+        out = {name: s.generate(name, prompt, max_tokens) for name in s.names}
+        st.session_state[GENERATED] = {"prompt": prompt, **out}
+    except Exception as e:  # noqa: BLE001 - shown where the user pressed the button
+        state.flash("error", f"Generation failed: {first_line(e)}")
+
+
+def start_bench(s: Serving, specs, rounds: int, context: dict) -> None:
+    def run(monitor):
+        return s.bench(specs, rounds=rounds, progress=monitor), False
+
+    jobs.start("serve_bench", "Load test", run, lambda job: jobs.outcome(
+        job, BENCH, "Load test", "use fewer requests or a smaller KV cache.",
+        lambda rows: f"{len(rows)} of {len(specs)} rates",
+        lambda rows: f"{len(rows)} rates measured in {duration(job.seconds)}"), context=context)
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """One line per request rate with the protocol's fields, for st.dataframe."""
+    return [{"rate": "all at once" if r["request_rate"] is None else f"{r['request_rate']:g}/s",
+             "TTFT full ms": r["ttft_full_ms"], "TTFT POP ms": r["ttft_pop_ms"],
+             "p90 full": r["ttft_p90_full_ms"], "p90 POP": r["ttft_p90_pop_ms"],
+             "TTFT speedup": r["speedup"],
+             "IQR": f"{r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f}",
+             "rounds": r["timing_rounds"], "TPOT full ms": r["tpot_full_ms"],
+             "TPOT POP ms": r["tpot_pop_ms"], "tok/s full": r["throughput_full"],
+             "tok/s POP": r["throughput_pop"], "flag": r["timing_note"] or "trustworthy"}
+            for r in rows]

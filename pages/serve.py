@@ -1,0 +1,133 @@
+"""Serve: POP inside vLLM, a real serving engine, against stock vLLM under load."""
+import math
+
+import streamlit as st
+
+from dashboard import exports, jobs, serve_charts, serving, state, widgets
+from pop_analysis.serving import venv
+from pop_analysis.serving.loadgen import LoadSpec
+from pop_analysis.skipset import describe
+
+st.title("Serve: POP in vLLM")
+st.markdown("A local vLLM engine (OpenAI-compatible, on 127.0.0.1 only) serves the current model "
+            "with POP's skip set, beside stock vLLM serving the full model. Generate through both, "
+            "then load them with vLLM's own benchmark (continuous batching, chunked prefill) and "
+            "compare time to first token (TTFT), time per output token (TPOT) and throughput. "
+            "The engines stop with this dashboard.")
+
+lm = widgets.model_or_stop()
+model = state.model_spec().name
+skip = state.skip_for(lm.adapter.n_layers)
+st.caption(f"Model {model} · skip set: layers {describe(skip)} ({len(skip)}/{lm.adapter.n_layers}) "
+           "— change it on the Skip set page or in the sidebar.")
+state.show_flash()
+
+if not venv.ready():
+    with st.container(border=True):
+        try:
+            venv.python()
+        except venv.ServingError as e:
+            st.warning(f"The serving engine is not installed: {e}")
+        st.button(f"Install the serving engine ({venv.DOWNLOAD})", type="primary",
+                  key="serve.install", on_click=serving.start_install,
+                  disabled=jobs.running("serve_install"))
+        jobs.panel("serve_install")
+    st.stop()
+
+died = serving.dead_note()
+if died:
+    st.error(died)
+s = serving.current()
+with st.container(border=True):
+    st.subheader("Engines")
+    c = st.columns([2, 1, 1], vertical_alignment="bottom")
+    variant = c[0].radio("POP engine serves", ("pop", "full"), horizontal=True,
+                         key=state.kept("serve.variant", "pop", ("pop", "full")),
+                         format_func={"pop": "POP (beside stock full)",
+                                      "full": "full only (A/A noise check)"}.get)
+    starting = jobs.running("serve_start")
+    if c[1].button("Start" if s is None else "Restart", type="primary", key="serve.start",
+                   disabled=starting):
+        serving.start_engines(model, skip, variant)
+    c[2].button("Stop", key="serve.stop", on_click=serving.stop, disabled=s is None)
+    jobs.panel("serve_start")
+    s = serving.current()
+    if s is not None:
+        stale = (s.spec.variant != variant or (s.spec.pop and tuple(s.spec.skip) != tuple(skip)))
+        for name, info in s.engines_info().items():
+            st.markdown(f"**{name}** at `{info['url']}` · ready in {info['start_s']:.1f} s · "
+                        f"{info['rss_mib']} MiB resident")
+        with st.expander("The exact vLLM commands"):
+            for name, info in s.engines_info().items():
+                st.code(info["command"], language="bash")
+        if stale:
+            st.warning("Stale: the engines serve another skip set or variant "
+                       f"({describe(s.spec.skip)}, {s.spec.variant}); press **Restart**.")
+
+if s is None:
+    st.info("Start the engines to generate through them and load test them.")
+    st.stop()
+
+with st.container(border=True):
+    st.subheader("Generate side by side")
+    prompt = st.text_area("Prompt", key=state.kept("serve.prompt", "Why is the sky blue?"), height=90)
+    c = st.columns([1, 1], vertical_alignment="bottom")
+    max_tokens = c[0].number_input("Max new tokens", 1, 512, key=state.kept("serve.max_tokens", 48))
+    if c[1].button("Generate", type="primary", key="serve.generate"):
+        with st.spinner("Generating through both engines ..."):
+            serving.generate(s, prompt, int(max_tokens))
+        st.rerun()
+    got = st.session_state.get(serving.GENERATED)
+    if got:
+        cols = st.columns(len(s.names))
+        for col, name in zip(cols, s.names):
+            g = got.get(name)
+            if g:
+                col.markdown(f"**{name}** · TTFT {g['ttft_ms']:.0f} ms · "
+                             f"{g['decode_tokens_per_s'] or 0:.1f} tok/s decode")
+                col.text(g["text"])
+        st.caption("Greedy, one request each, streamed; single TTFTs are for reading. "
+                   "The load test below times them.")
+
+with st.container(border=True):
+    st.subheader("Load test: full against POP, alternated")
+    c = st.columns(5, vertical_alignment="bottom")
+    n_req = c[0].number_input("Requests", 1, 256, key=state.kept("serve.requests", 16))
+    n_in = c[1].number_input("Prompt tokens", 16, 3800, key=state.kept("serve.input_len", 512))
+    n_out = c[2].number_input("Output tokens", 2, 256, key=state.kept("serve.output_len", 32))
+    rounds = c[3].number_input("Rounds", 3, 10, key=state.kept("serve.rounds", 3))
+    rates = c[4].multiselect("Request rates (req/s)", [0.5, 1.0, 2.0, 4.0, 8.0, math.inf],
+                             key=state.kept("serve.rates", [2.0, math.inf]),
+                             format_func=lambda r: "all at once" if math.isinf(r) else f"{r:g}")
+    cap = st.number_input("At most this many requests in flight (0: no cap)", 0, 256,
+                          key=state.kept("serve.concurrency", 0))
+    now = {"requests": int(n_req), "prompt tokens": int(n_in), "output tokens": int(n_out),
+           "rates": sorted(rates), "rounds": int(rounds), "cap": int(cap),
+           "skip set": describe(s.spec.skip), "variant": s.spec.variant}
+    if st.button("Run the load test", type="primary", key="serve.bench",
+                 disabled=not rates or jobs.running("serve_bench")):
+        try:
+            specs = [LoadSpec(int(n_req), int(n_in), int(n_out), r, int(cap) or None).check(
+                s.spec.max_model_len) for r in sorted(rates)]
+            serving.start_bench(s, specs, int(rounds), now)
+        except venv.ServingError as e:
+            st.error(f"Load test: {e}")
+    jobs.panel("serve_bench")
+
+rows = st.session_state.get(serving.BENCH)
+if rows:
+    widgets.made_from(serving.BENCH, now, "Run the load test")
+    st.dataframe(serving.table(rows), hide_index=True, key="serve.table")
+    figures = {"speedup": serve_charts.speedup_chart(rows),
+               "ttft_cdf": serve_charts.latency_cdf(rows),
+               "tpot": serve_charts.tpot_box(rows),
+               "throughput": serve_charts.throughput_bars(rows)}
+    st.plotly_chart(figures["speedup"], key="serve.speedup")
+    a, b = st.columns(2)
+    a.plotly_chart(figures["ttft_cdf"], key="serve.ttft")
+    b.plotly_chart(figures["tpot"], key="serve.tpot")
+    st.plotly_chart(figures["throughput"], key="serve.throughput")
+    st.caption("Each round runs the whole load on each engine, the order swapped every round; "
+               "ratios are medians of the per-round ratios with their IQR, flagged as the timing "
+               "protocol flags any speed figure. Both engines share this machine's cores.")
+    exports.offer("serve", data=rows, rows=serving.table(rows), figures=figures)

@@ -1,0 +1,160 @@
+"""The vLLM server lifecycle (pop_analysis.serving) against a real engine on the embedded model.
+
+Three engine starts: one that dies for an unsupported architecture (fails early), one whose
+parent is SIGKILLed (the watchdog must end it), and one that serves, is stopped, and whose front
+end is killed mid-run. A missing serving venv fails this module with the command that builds it.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pop_analysis.serving import venv
+from pop_analysis.serving.server import Engine, EngineSpec, group_members
+from pop_analysis.serving.spec import make_spec
+from pop_analysis.serving.venv import ServingError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(cond, timeout: float, what: str):
+    end = time.time() + timeout
+    while not cond():
+        assert time.time() < end, what
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def serving_venv():
+    try:
+        return venv.python()
+    except ServingError as e:
+        pytest.fail(f"{e} (the serving tests need it: bash {venv.INSTALL_SCRIPT})")
+
+
+@pytest.fixture(scope="module")
+def spec(serving_venv, embedded):
+    return make_spec("smollm2-135m", (), "full", max_model_len=1024, kv_cache_gib=1)
+
+
+def one_line(e) -> str:
+    text = str(e.value)
+    assert "\n" not in text and text
+    return text
+
+
+def test_missing_venv_one_line(monkeypatch, tmp_path, embedded):
+    monkeypatch.setenv("POP_LAB_VLLM_VENV", str(tmp_path / "nowhere"))
+    with pytest.raises(ServingError) as e:
+        Engine(make_spec("smollm2-135m", (), "full")).start()
+    assert "missing" in one_line(e) and venv.INSTALL_SCRIPT in str(e.value)
+    (tmp_path / "half" / "bin").mkdir(parents=True)  # a venv without vLLM
+    (tmp_path / "half" / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("POP_LAB_VLLM_VENV", str(tmp_path / "half"))
+    with pytest.raises(ServingError) as e:
+        Engine(make_spec("smollm2-135m", (), "full")).start()
+    assert "incomplete" in one_line(e) and venv.INSTALL_SCRIPT in str(e.value)
+
+
+def test_port_in_use_one_line(spec):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        engine = Engine(EngineSpec(**{**spec.__dict__, "port": port}))
+        with pytest.raises(ServingError) as e:
+            engine.start()
+    assert f"port {port}" in one_line(e) and "in use" in str(e.value)
+    assert engine.proc is None  # nothing was launched
+
+
+def test_bad_settings_one_line(spec, tmp_path):
+    with pytest.raises(ServingError) as e:
+        make_spec("smollm2-135m", (), "pop")
+    assert "non-empty skip set" in one_line(e)
+    with pytest.raises(ServingError) as e:
+        make_spec("smollm2-135m", (20,), "nonsense")
+    assert "unknown variant" in one_line(e)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
+                                                      "num_hidden_layers": 4}))
+    with pytest.raises(ServingError) as e:
+        Engine(make_spec(str(tmp_path), (1, 2), "pop")).start()
+    assert "GPT2LMHeadModel" in one_line(e)
+
+
+def test_unsupported_architecture_one_line(spec, tmp_path):
+    """Stock vLLM refuses an architecture it does not know: the engine's death reads as one line."""
+    cfg = json.loads((Path(spec.model_dir) / "config.json").read_text())
+    cfg["architectures"] = ["NoSuchModelForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for f in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        (tmp_path / f).symlink_to(Path(spec.model_dir) / f)
+    engine = Engine(EngineSpec(**{**spec.__dict__, "model_dir": str(tmp_path)}))
+    with pytest.raises(ServingError) as e:
+        engine.start(timeout_s=240)
+    assert "NoSuchModelForCausalLM" in one_line(e) and "not supported" in str(e.value)
+    assert not group_members(engine.proc.pid)
+
+
+PARENT = """
+import sys
+from pop_analysis.serving.server import Engine, EngineSpec
+spec = EngineSpec(**{**__import__("json").loads(sys.argv[1])})
+e = Engine(spec).start()
+print(e.proc.pid, flush=True)
+sys.stdin.read()  # wait here until killed
+"""
+
+
+def test_engine_gone_after_parent_dies(spec):
+    """SIGKILL (no atexit) of the process that started the engine: the watchdog ends it."""
+    d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.__dict__.items()}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(d)], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        pgid = int(parent.stdout.readline())
+        assert group_members(pgid), "the engine was not running"
+        parent.kill()
+        parent.wait(timeout=10)
+        wait_until(lambda: not group_members(pgid), 30, "the engine outlived its parent")
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_serve_stop_and_death_mid_run(spec):
+    engine = Engine(spec)
+    seen = []
+    engine.start(progress=lambda done, total, msg: seen.append((done, total, msg)))
+    try:
+        assert seen[-1][0] == seen[-1][1] and seen[-1][2] == "ready"
+        cmd = engine.command_line
+        for part in ("VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", "VLLM_HOST_IP=127.0.0.1",
+                     "HF_HUB_OFFLINE=1", "vllm.entrypoints.openai.api_server", "--host 127.0.0.1"):
+            assert part in cmd
+        body = json.dumps({"model": spec.name, "prompt": "The capital of France is",
+                           "max_tokens": 4, "temperature": 0}).encode()
+        req = urllib.request.Request(f"{engine.url}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert json.load(r)["choices"][0]["text"].strip()
+        assert engine.rss_bytes() > 100 * 2**20
+        # Kill the front end (the watchdog's child): the engine dies mid-run.
+        front = [p for p in group_members(engine.proc.pid) if p != engine.proc.pid
+                 and Path(f"/proc/{p}/stat").read_text().split()[3] == str(engine.proc.pid)]
+        os.kill(front[0], signal.SIGKILL)
+        wait_until(lambda: not engine.alive(), 30, "the wrapper did not notice")
+        with pytest.raises(ServingError) as e:
+            engine.check()
+        assert "the engine died" in one_line(e)
+    finally:
+        engine.stop()
+    assert not group_members(engine.proc.pid)
