@@ -26,6 +26,7 @@ PAGES = (  # (file in pages/, title, icon, url path)
     ("generate.py", "Generate", ":material/chat:", "generate"),
     ("drift.py", "Drift", ":material/compare_arrows:", "drift"),
     ("sweeps.py", "Sweeps", ":material/monitoring:", "sweeps"),
+    ("serve.py", "Serve", ":material/dns:", "serve"),
 )
 
 st.set_page_config(page_title="POP Lab", page_icon="✂️", layout="wide")

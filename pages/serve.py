@@ -6,7 +6,7 @@ import streamlit as st
 from dashboard import exports, jobs, serve_charts, serving, state, widgets
 from pop_analysis.serving import venv
 from pop_analysis.serving.loadgen import LoadSpec
-from pop_analysis.skipset import describe
+from pop_analysis.engine.skipset import describe
 
 st.title("Serve: POP in vLLM")
 st.markdown("A local vLLM engine (OpenAI-compatible, on 127.0.0.1 only) serves the current model "

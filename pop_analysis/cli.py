@@ -29,7 +29,11 @@ def build_parser(mods: dict) -> argparse.ArgumentParser:
                                      description="POP Lab: prefill-only pruning analysis")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, mod in sorted(mods.items()):
-        p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        # serve_bench.py answers to `serve-bench` (and to its module name)
+        dashed = name.replace("_", "-")
+        p = sub.add_parser(dashed, aliases=[name] if dashed != name else [],
+                           help=(mod.__doc__ or "").strip().splitlines()[0])
+        p.set_defaults(command_module=name)
         mod.add_arguments(p)
     return parser
 
@@ -55,7 +59,7 @@ def _one_line(show):
 
 def _run(mods, args) -> int:
     try:
-        return int(mods[args.command].run(args) or 0)
+        return int(mods[args.command_module].run(args) or 0)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # From the bottom up; a module may import its own layer and the ones below it.
 LAYERS = [
     {"pop_analysis", "pop_analysis.errors", "pop_analysis.progress"},
-    {"store"}, {"engine"}, {"data"}, {"speed"}, {"importance"}, {"inspection"}, {"quality"},
+    {"store"}, {"engine"}, {"data"}, {"speed"}, {"serving"}, {"importance"}, {"inspection"}, {"quality"},
     {"repair"}, {"harness"}, {"experiments"}, {"commands"},
     {"pop_analysis.cli", "pop_analysis.__main__"},
 ]

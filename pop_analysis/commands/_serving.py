@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import sys
 
-from ..serving.server import START_TIMEOUT_S
-from ..serving.spec import VARIANTS, make_spec, model_dir, n_layers
-from ._common import skip_from_args
+from pop_analysis.serving.server import START_TIMEOUT_S
+from pop_analysis.serving.spec import VARIANTS, make_spec, model_dir, n_layers
+from pop_analysis.commands._common import skip_from_args
 
 
 def add_engine_args(p, variant_default: str = "pop") -> None:

@@ -1,11 +1,11 @@
 """Serve POP through a local vLLM OpenAI-compatible server until Ctrl-C."""
 from __future__ import annotations
 
-from ..models import DEFAULT_MODEL
-from ..serving.server import Engine
-from ..skipset import describe
-from ._common import add_skip_args, emit_json
-from ._serving import add_engine_args, spec_from_args, stderr_progress
+from pop_analysis.engine.models import DEFAULT_MODEL
+from pop_analysis.serving.server import Engine
+from pop_analysis.engine.skipset import describe
+from pop_analysis.commands._common import add_skip_args, emit_json
+from pop_analysis.commands._serving import add_engine_args, spec_from_args, stderr_progress
 
 
 def add_arguments(p) -> None:

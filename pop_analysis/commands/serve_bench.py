@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import math
 
-from ..models import DEFAULT_MODEL
-from ..serving.loadgen import LoadSpec
-from ..serving.session import Serving
-from ._common import add_skip_args, emit_json
-from ._serving import add_engine_args, spec_from_args, stderr_progress
+from pop_analysis.engine.models import DEFAULT_MODEL
+from pop_analysis.serving.loadgen import LoadSpec
+from pop_analysis.serving.session import Serving
+from pop_analysis.commands._common import add_skip_args, emit_json
+from pop_analysis.commands._serving import add_engine_args, spec_from_args, stderr_progress
 
 
 def add_arguments(p) -> None:

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from pop_analysis import timing
+from pop_analysis.speed import timing
 from pop_analysis.progress import Cancelled, Tracker
 from pop_analysis.serving.loadgen import LoadGenerator, LoadResult, LoadSpec
 
@@ -50,10 +50,8 @@ def cpu_seconds(pids) -> float:
 def judge(full: list[float], variant: list[float], first: list[str], other: float | None,
           cfg: timing.TimingConfig) -> timing.Timing:
     """Per-round values (seconds, smaller is better) through the protocol's judgement."""
-    run = timing._Runner(None, None, None, None)
-    run.times, run.first = {"full": list(full), "variant": list(variant)}, list(first)
-    cpus = os.cpu_count() or 1
-    return timing._judge(run, cfg, other, None, cpus, cpus)
+    cpus = os.cpu_count() or 1  # the engines and the load generator may use every core
+    return timing.judge(full, variant, first, cfg, other, None, cpus, cpus)
 
 
 def run_setting(full: Target, pop: Target, gen: LoadGenerator, model: str, tokenizer: str,

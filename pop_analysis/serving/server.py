@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from pop_analysis.paths import cache_dir
+from pop_analysis.store.paths import cache_dir
 from pop_analysis.serving import venv
 from pop_analysis.serving.venv import ServingError
 

@@ -12,7 +12,7 @@ import time
 import urllib.request
 from dataclasses import replace
 
-from pop_analysis.paths import cache_dir
+from pop_analysis.store.paths import cache_dir
 from pop_analysis.serving.bench import Target, serve_bench
 from pop_analysis.serving.loadgen import LoadGenerator
 from pop_analysis.serving.server import Engine, EngineSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pop_analysis.models import resolve_source
+from pop_analysis.engine.models import resolve_source
 from pop_analysis.serving.server import EngineSpec
 from pop_analysis.serving.venv import ServingError
 

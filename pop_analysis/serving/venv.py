@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from pop_analysis.paths import REPO_ROOT
+from pop_analysis.store.paths import REPO_ROOT
 
 INSTALL_SCRIPT = "scripts/install_vllm.sh"
 DOWNLOAD = "about 600 MB of downloads, about 2.5 GB on disk"

@@ -251,7 +251,16 @@ class _Runner:
 
 def _judge(run: _Runner, cfg: TimingConfig, other: float | None, ideal: float | None,
            threads: int, cpus: int) -> Timing:
-    full, var = run.times["full"], run.times["variant"]
+    return judge(run.times["full"], run.times["variant"], run.first, cfg, other, ideal, threads,
+                 cpus, lock_wait_s=run.lock_wait_s, contended=run.contended)
+
+
+def judge(full: list[float], var: list[float], first: list[str], cfg: TimingConfig,
+          other: float | None, ideal: float | None, threads: int, cpus: int,
+          lock_wait_s: float = 0.0, contended: bool = False) -> Timing:
+    """The protocol's verdict on per-round values measured elsewhere (seconds, smaller is
+    better; e.g. the median TTFT of one load test per round): median and IQR of the per-round
+    ratios full/variant, and the flags. measure() ends here too."""
     ratios = [f / v if v > 0 else float("inf") for f, v in zip(full, var)]
     med = float(np.median(ratios))
     low, high = (float(q) for q in np.percentile(ratios, [25, 75]))
@@ -264,13 +273,13 @@ def _judge(run: _Runner, cfg: TimingConfig, other: float | None, ideal: float | 
     if other is not None and other - idle > cfg.busy_cores:
         reasons.append(f"machine busy (other processes used {other:.1f} CPU cores; "
                        f"{threads} threads on {cpus} cores)")
-    if run.contended:
-        reasons.append(f"another run held the model (waited {run.lock_wait_s:.1f} s, not counted)")
+    if contended:
+        reasons.append(f"another run held the model (waited {lock_wait_s:.1f} s, not counted)")
     if ideal is not None and med > ideal * (1 + cfg.ideal_margin):
         reasons.append(f"{med:.2f}x is more than {cfg.ideal_margin:.0%} above the ideal "
                        f"{ideal:.2f}x")
     return Timing(speedup=med, low=low, high=high, full_ms=[t * 1e3 for t in full],
-                  variant_ms=[t * 1e3 for t in var], first=list(run.first),
+                  variant_ms=[t * 1e3 for t in var], first=list(first),
                   trustworthy=not reasons, note="; ".join(reasons) or None,
-                  lock_wait_s=run.lock_wait_s, lock_contended=run.contended, other_cores=other,
+                  lock_wait_s=lock_wait_s, lock_contended=contended, other_cores=other,
                   ideal=ideal, reasons=reasons)
