@@ -10,7 +10,8 @@ from pop_analysis.engine.skipset import describe
 
 st.title("Serve: POP in vLLM")
 st.markdown("A local vLLM engine (OpenAI-compatible, on 127.0.0.1 only) serves the current model "
-            "with POP's skip set, beside stock vLLM serving the full model. Generate through both, "
+            "with POP's skip set through the POP plugin, switched between the full model and POP at "
+            "run time, so both sides share one engine. Generate through both, "
             "then load them with vLLM's own benchmark (continuous batching, chunked prefill) and "
             "compare time to first token (TTFT), time per output token (TPOT) and throughput. "
             "The engines stop with this dashboard.")
@@ -43,7 +44,7 @@ with st.container(border=True):
     c = st.columns([2, 1, 1], vertical_alignment="bottom")
     variant = c[0].radio("POP engine serves", ("pop", "full"), horizontal=True,
                          key=state.kept("serve.variant", "pop", ("pop", "full")),
-                         format_func={"pop": "POP (beside stock full)",
+                         format_func={"pop": "POP, switched to full and back at run time",
                                       "full": "full only (A/A noise check)"}.get)
     starting = jobs.running("serve_start")
     if c[1].button("Start" if s is None else "Restart", type="primary", key="serve.start",
@@ -55,7 +56,8 @@ with st.container(border=True):
     if s is not None:
         stale = (s.spec.variant != variant or (s.spec.pop and tuple(s.spec.skip) != tuple(skip)))
         for name, info in s.engines_info().items():
-            st.markdown(f"**{name}** at `{info['url']}` · ready in {info['start_s']:.1f} s · "
+            st.markdown(f"**{name}** engine ({info['serves']}) at `{info['url']}` · ready in "
+                        f"{info['start_s']:.1f} s · "
                         f"{info['rss_mib']} MiB resident")
         with st.expander("The exact vLLM commands"):
             for name, info in s.engines_info().items():

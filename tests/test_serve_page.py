@@ -1,5 +1,5 @@
 """The Serve page through AppTest: the install offer when the serving venv is missing, then one
-real engine (the full model, an A/A session) started with progress, a generation through it, a
+real POP engine (switched to full and back at run time) started with progress, a generation through it, a
 bounded load test drawn as charts with the protocol's fields, and Stop leaving no process."""
 import math
 
@@ -30,7 +30,6 @@ def test_start_generate_load_test_stop():
     except ServingError as e:
         pytest.fail(f"{e} (the Serve page test needs it: bash {venv.INSTALL_SCRIPT})")
     at = goto(app(), "serve")
-    at.radio(key="serve.variant").set_value("full").run()
     buttons(at)["serve.start"].click().run()
     wait_jobs(at, timeout=300)
     assert "Engines ready" in notes(at), notes(at)
@@ -41,7 +40,8 @@ def test_start_generate_load_test_stop():
 
     at.number_input(key="serve.max_tokens").set_value(8)
     buttons(at)["serve.generate"].click().run()
-    assert "TTFT" in texts(at.markdown) and at.text and at.text[0].value.strip()
+    assert "TTFT" in texts(at.markdown) and len(at.text) == 2
+    assert all(t.value.strip() for t in at.text)  # full and POP both answered
 
     at.number_input(key="serve.requests").set_value(2)
     at.number_input(key="serve.input_len").set_value(32)

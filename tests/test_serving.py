@@ -1,8 +1,8 @@
 """The vLLM server lifecycle (pop_analysis.serving) against a real engine on the embedded model.
 
-Three engine starts: one that dies for an unsupported architecture (fails early), one whose
-parent is SIGKILLed (the watchdog must end it), and one that serves, is stopped, and whose front
-end is killed mid-run. A missing serving venv fails this module with the command that builds it.
+Three engine starts: one that dies for an unsupported architecture (fails early), a POP engine
+from the `serve` command whose process is SIGKILLed (the watchdog must end the engine), and one
+that serves, is stopped, and whose front end is killed mid-run. A missing serving venv fails this module with the command that builds it.
 """
 import json
 import os
@@ -103,31 +103,57 @@ def test_unsupported_architecture_one_line(spec, tmp_path):
     assert not group_members(engine.proc.pid)
 
 
-PARENT = """
-import sys
-from pop_analysis.serving.server import Engine, EngineSpec
-spec = EngineSpec(**{**__import__("json").loads(sys.argv[1])})
-e = Engine(spec).start()
-print(e.proc.pid, flush=True)
-sys.stdin.read()  # wait here until killed
-"""
+def cli(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "pop_analysis", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 
 
-def test_engine_gone_after_parent_dies(spec):
-    """SIGKILL (no atexit) of the process that started the engine: the watchdog ends it."""
-    d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.__dict__.items()}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(d)], cwd=ROOT,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+def test_cli_bad_input_one_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        for args, words in ((["serve", "--port", str(port), "--variant", "full"], "in use"),
+                            (["serve-bench", "--request-rates", "0"], "positive"),
+                            (["serve-bench", "--input-len", "5000"], "prompt tokens"),
+                            (["serve", "--skip", "40", "--port", "0"], "40")):
+            p = cli(*args)
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 1 and err.count("\n") == 1 and words in err, (args, err)
+
+
+def test_cli_serve_pop_then_parent_killed(spec):
+    """`serve` prints its URL and command; SIGKILL of the CLI (no atexit) ends the engine."""
+    p = cli("serve", "--skip", "20-29", "--port", "0", "--max-model-len", "1024", "--json")
     try:
-        pgid = int(parent.stdout.readline())
-        assert group_members(pgid), "the engine was not running"
-        parent.kill()
-        parent.wait(timeout=10)
-        wait_until(lambda: not group_members(pgid), 30, "the engine outlived its parent")
+        info = json.loads(p.stdout.readline())
+        assert info["url"].startswith("http://127.0.0.1:") and info["skip_layers"] == list(range(20, 30))
+        assert "--hf-overrides" in info["command"] and "PopLlamaForCausalLM" in info["command"]
+        body = json.dumps({"model": "smollm2-135m", "prompt": "The sky is", "max_tokens": 4,
+                           "temperature": 0}).encode()
+        req = urllib.request.Request(f"{info['url']}/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert json.load(r)["choices"][0]["text"].strip()
+        engines = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                   if _parent(pid) == p.pid]
+        assert engines, "no watchdog under the CLI"
+        pgid = engines[0]
+        assert group_members(pgid)
+        p.kill()
+        p.wait(timeout=10)
+        wait_until(lambda: not group_members(pgid), 30, "the engine outlived the CLI")
     finally:
-        parent.kill()
-        parent.wait()
+        p.kill()
+        p.wait()
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
 def test_serve_stop_and_death_mid_run(spec):

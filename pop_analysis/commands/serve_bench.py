@@ -22,6 +22,9 @@ def add_arguments(p) -> None:
                    help="comma list of request rates per second (inf: all at once); one row each")
     p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
     p.add_argument("--rounds", type=int, default=3, help="alternated rounds per rate (at least 3)")
+    p.add_argument("--engines", choices=("one", "two"), default="one",
+                   help="one: a POP engine switched to full and back at run time (default); "
+                        "two: stock vLLM for full beside the POP engine")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="end stdout with one JSON object")
 
@@ -43,10 +46,11 @@ def run(args) -> int:
              for r in rates(args.request_rates)]
     pop = spec_from_args(args)
     show = None if args.json else _line
-    with Serving(pop, progress=stderr_progress("starting vLLM"), timeout_s=args.start_timeout) as s:
+    with Serving(pop, progress=stderr_progress("starting vLLM"), timeout_s=args.start_timeout,
+                 engines=args.engines) as s:
         if not args.json:
             for name, info in s.engines_info().items():
-                print(f"{name} engine: ready in {info['start_s']:.1f} s, {info['rss_mib']} MiB; "
+                print(f"{name} engine ({info['serves']}): ready in {info['start_s']:.1f} s, {info['rss_mib']} MiB; "
                       f"command: {info['command']}")
         rows = s.bench(specs, rounds=args.rounds, progress=_bar if not args.json else None,
                        on_row=show)

@@ -37,8 +37,10 @@ WATCHDOG = Path(__file__).with_name("watchdog.py")
 START_TIMEOUT_S = 600.0  # a cold start on 2 shared cores took 28 s; compiled mode takes longer
 POLL_S = 0.5  # readiness polls (each one is a wait on the engine's exit, so a crash ends it)
 STOP_TIMEOUT_S = 20.0
-# Architectures the POP plugin registers a Pop* variant for (stock vLLM serves many more).
+# Architectures the POP plugin registers a Pop* variant for (pop_vllm/settings.py ARCHITECTURES;
+# stock vLLM serves many more).
 POP_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SWITCH = "pop_set"  # the plugin's worker method behind the run-time switch (pop_vllm/control.py)
 # What the log says while the engine starts, in order: (pattern, what the bar shows).
 MILESTONES = (
     (r"non-default args", "reading the model config"),
@@ -99,7 +101,7 @@ def pop_overrides(spec: EngineSpec, arch: str) -> dict:
         raise ServingError(f"model architecture {arch} is not supported by the POP plugin "
                            f"(supported: {', '.join(POP_ARCHS)}); serve it as variant full")
     return {"architectures": [f"Pop{arch}"],
-            "pop": {"skip_layers": list(spec.skip), "variant": spec.variant}}
+            "pop": {"skip": sorted(spec.skip), "variant": spec.variant}}
 
 
 def port_free(port: int) -> bool:
@@ -124,7 +126,8 @@ def engine_env(spec: EngineSpec) -> dict:
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "VLLM_CPU_KVCACHE_SPACE": str(int(spec.kv_cache_gib)),
            "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-           "HF_HOME": str(cache / "hf"), "PYTHONUNBUFFERED": "1"}
+           "HF_HOME": str(cache / "hf"), "PYTHONUNBUFFERED": "1",
+           "VLLM_USE_V2_MODEL_RUNNER": "0"}  # the plugin hooks the V1 model runner
     env.pop("VIRTUAL_ENV", None)
     if spec.switchable:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # the /collective_rpc route of the run-time switch
@@ -170,7 +173,7 @@ class Engine:
         env = engine_env(self.spec)
         keep = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_HOST_IP", "HF_HUB_OFFLINE",
                 "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
-                "VLLM_SERVER_DEV_MODE", "OMP_NUM_THREADS")
+                "VLLM_USE_V2_MODEL_RUNNER", "VLLM_SERVER_DEV_MODE", "OMP_NUM_THREADS")
         pre = [f"{k}={shlex.quote(env[k])}" for k in keep if k in env]
         return " ".join(pre + [shlex.quote(c) for c in self.cmd])
 
@@ -227,6 +230,23 @@ class Engine:
                 return r.status == 200
         except OSError:
             return False
+
+    def switch(self, skip, variant: str) -> None:
+        """The run-time switch of a switchable POP engine: the next steps run `variant` with
+        `skip` ("full" with () runs the stock forward). Every worker answers."""
+        if not (self.spec.pop and self.spec.switchable):
+            raise ServingError("this engine has no run-time switch (start it switchable)")
+        body = json.dumps({"method": SWITCH, "args": [sorted(skip), variant]}).encode()
+        req = urllib.request.Request(f"{self.url}/collective_rpc", body,
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                got = json.load(r)["results"]
+        except OSError as e:
+            self.check()
+            raise ServingError(f"the run-time switch failed: {e}") from None
+        if not got or any(g.get("variant") != variant for g in got):
+            raise ServingError(f"the run-time switch answered {got!r}, not variant {variant}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -8,6 +8,7 @@ own guards (atexit, the parent-death watchdog) if this process ends first.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from dataclasses import replace
@@ -22,16 +23,24 @@ GENERATE_TIMEOUT_S = 300
 
 
 class Serving:
-    """Engines for `pop` (and stock full beside it), started in __init__ (blocking, bounded)."""
+    """Engines for `pop`, started in __init__ (blocking, bounded).
 
-    def __init__(self, pop: EngineSpec, progress=None, timeout_s: float | None = None):
-        self.spec = pop
+    engines="one" (default for a POP variant): one switchable POP engine serves both sides,
+    switched to full or POP before each side's run (the same process, memory and batch
+    scheduler for both). engines="two": stock vLLM for full beside the POP engine.
+    A `full` spec: one stock engine for both sides (an A/A check of the load test's noise)."""
+
+    def __init__(self, pop: EngineSpec, progress=None, timeout_s: float | None = None,
+                 engines: str = "one"):
+        if engines not in ("one", "two"):
+            raise ServingError(f"engines must be one or two, got {engines!r}")
+        self.spec = replace(pop, switchable=pop.pop and engines == "one")
         self.engines: dict[str, Engine] = {}
         self.gen: LoadGenerator | None = None
+        self._lock = threading.Lock()  # a switch and the requests it is for go together
         kw = {} if timeout_s is None else {"timeout_s": timeout_s}
-        wanted = [("full", replace(pop, variant="full", skip=(), port=0))]
-        if pop.pop:
-            wanted.append((pop.variant, pop))
+        wanted = [("pop", self.spec)] if self.spec.switchable else [("full", replace(
+            pop, variant="full", skip=(), port=0))] + ([("pop", self.spec)] if pop.pop else [])
         try:
             for i, (name, spec) in enumerate(wanted):
                 engine = Engine(spec)
@@ -43,12 +52,20 @@ class Serving:
 
     @property
     def names(self) -> list[str]:
-        """['full', 'pop'] (the variant's name), or ['full'] for an A/A engine."""
-        return list(self.engines)
+        """The sides: ['full', 'pop'] (the variant's name), or ['full'] for an A/A session."""
+        return ["full"] + ([self.spec.variant] if self.spec.pop else [])
 
-    def target(self, name: str) -> Target:
-        e = self.engines[name]
-        return Target(name, e.url, check=e.check)
+    def _engine(self, side: str) -> Engine:
+        return self.engines["full" if side == "full" and "full" in self.engines else "pop"]
+
+    def _switch(self, side: str) -> None:
+        if self.spec.switchable:
+            skip, variant = ((), "full") if side == "full" else (self.spec.skip, self.spec.variant)
+            self.engines["pop"].switch(skip, variant)
+
+    def target(self, side: str) -> Target:
+        e = self._engine(side)
+        return Target(side, e.url, before=lambda: self._switch(side), check=e.check)
 
     def alive(self) -> bool:
         return bool(self.engines) and all(e.alive() for e in self.engines.values())
@@ -59,6 +76,8 @@ class Serving:
 
     def engines_info(self) -> dict:
         return {name: {"url": f"{e.url}/v1", "command": e.command_line,
+                       "serves": ("full and " + self.spec.variant + " (run-time switch)")
+                       if e.spec.switchable else e.spec.variant,
                        "start_s": round(e.start_s or 0, 2), "rss_mib": round(e.rss_bytes() / 2**20),
                        "log": str(e.log_path)} for name, e in self.engines.items()}
 
@@ -68,16 +87,20 @@ class Serving:
 
     def bench(self, specs, rounds: int = 3, progress=None, on_row=None) -> list[dict]:
         """Load tests, full against the variant (against itself for a full-only session)."""
-        if self.gen is None:
-            self.gen = LoadGenerator(cache_dir() / "serving" / "loadgen.log").start()
-        full = self.target("full")
-        other = self.target(self.names[-1])
-        return serve_bench(full, other, self.gen, self.spec.name, self.spec.model_dir, specs,
-                           rounds=rounds, progress=progress, own_pids=self.own_pids, on_row=on_row)
+        with self._lock:
+            if self.gen is None:
+                self.gen = LoadGenerator(cache_dir() / "serving" / "loadgen.log").start()
+            return serve_bench(self.target("full"), self.target(self.names[-1]), self.gen,
+                               self.spec.name, self.spec.model_dir, specs, rounds=rounds,
+                               progress=progress, own_pids=self.own_pids, on_row=on_row)
 
-    def generate(self, name: str, prompt: str, max_tokens: int = 64) -> dict:
-        """One greedy chat completion from engine `name`, streamed: text, TTFT, decode tok/s."""
-        engine = self.engines[name]
+    def generate(self, side: str, prompt: str, max_tokens: int = 64) -> dict:
+        """One greedy chat completion from `side`, streamed: text, TTFT, decode tok/s."""
+        with self._lock:
+            self._switch(side)
+            return self._generate(self._engine(side), side, prompt, max_tokens)
+
+    def _generate(self, engine: Engine, side: str, prompt: str, max_tokens: int) -> dict:
         body = {"model": self.spec.name, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": max_tokens, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
@@ -103,7 +126,7 @@ class Serving:
                             parts.append(text)
         except OSError as e:
             engine.check()
-            raise ServingError(f"the {name} engine did not answer: {e}") from None
+            raise ServingError(f"the {side} engine did not answer: {e}") from None
         ttft = (first or time.perf_counter()) - t0
         decode = (tokens - 1) / (last - first) if tokens and tokens > 1 and last > first else None
         return {"text": "".join(parts), "ttft_ms": round(ttft * 1e3, 1), "tokens": tokens,

@@ -9,7 +9,7 @@ from pop_analysis.engine.models import resolve_source
 from pop_analysis.serving.server import EngineSpec
 from pop_analysis.serving.venv import ServingError
 
-VARIANTS = ("full", "pop", "pop_no_kv", "pop_no_boundary", "pop_repair")  # as in POP Lab
+VARIANTS = ("full", "pop", "pop_no_boundary")  # what the plugin serves (pop_vllm/plan.py)
 
 
 def model_dir(name: str) -> str:
