@@ -32,8 +32,14 @@ def spec_from_args(args, variant: str | None = None, port: int = 0):
 
 
 def stderr_progress(what: str):
-    """progress(done, total, message) of an engine start as one rewritten stderr line."""
+    """progress(done, total, message) of an engine start as one rewritten stderr line (written
+    when it changes)."""
+    last = []
+
     def show(done, total, message):
+        if last == [done, message]:
+            return
+        last[:] = [done, message]
         sys.stderr.write(f"\r{what}: {done}/{total} {message:<40}")
         if done == total:
             sys.stderr.write("\n")
