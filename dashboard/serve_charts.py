@@ -57,10 +57,11 @@ def speedup_chart(rows: list[dict]) -> go.Figure:
     """Median per-round ratio full/POP with its IQR for TTFT, TPOT and throughput; a ratio the
     timing protocol flagged is drawn hollow in red."""
     fig = go.Figure()
-    x = [rate_label(r) for r in rows]
-    for label, symbol, colour, get in (
-            ("TTFT", "circle", POP, lambda r: r), ("TPOT", "square", "#1f77b4", lambda r: r["tpot_ratio"]),
-            ("throughput", "diamond", "#9467bd", lambda r: r["throughput_ratio"])):
+    for offset, label, symbol, colour, get in (
+            (-0.15, "TTFT", "circle", POP, lambda r: r),
+            (0.0, "TPOT", "square", "#1f77b4", lambda r: r["tpot_ratio"]),
+            (0.15, "throughput", "diamond", "#9467bd", lambda r: r["throughput_ratio"])):
+        x = [i + offset for i in range(len(rows))]  # the three ratios side by side per rate
         parts = [get(r) for r in rows]
         med = [p["speedup"] for p in parts]
         ok = [p["timing_trustworthy"] for p in parts]
@@ -72,5 +73,7 @@ def speedup_chart(rows: list[dict]) -> go.Figure:
             marker=dict(size=11, symbol=[symbol if o else f"{symbol}-open" for o in ok],
                         color=[colour if o else FLAGGED for o in ok])))
     fig.add_hline(y=1.0, line_dash="dot", line_color="#888")
-    fig.update_yaxes(title="full / POP (median of rounds, IQR bars; >1: POP better)")
+    fig.update_xaxes(tickvals=list(range(len(rows))), ticktext=[rate_label(r) for r in rows],
+                     range=[-0.5, len(rows) - 0.5])
+    fig.update_yaxes(title="full / POP (>1: POP better)")
     return _layout(fig, "Speedup under load (hollow red: flagged by the timing protocol)")

@@ -93,7 +93,7 @@ with st.container(border=True):
 
 with st.container(border=True):
     st.subheader("Load test: full against POP, alternated")
-    c = st.columns(5, vertical_alignment="bottom")
+    c = st.columns([1, 1, 1, 1, 2], vertical_alignment="bottom")
     n_req = c[0].number_input("Requests", 1, 256, key=state.kept("serve.requests", 16))
     n_in = c[1].number_input("Prompt tokens", 16, 3800, key=state.kept("serve.input_len", 512))
     n_out = c[2].number_input("Output tokens", 2, 256, key=state.kept("serve.output_len", 32))
@@ -131,5 +131,6 @@ if rows:
     st.plotly_chart(figures["throughput"], key="serve.throughput")
     st.caption("Each round runs the whole load on each engine, the order swapped every round; "
                "ratios are medians of the per-round ratios with their IQR, flagged as the timing "
-               "protocol flags any speed figure. Both engines share this machine's cores.")
+               "protocol flags any speed figure. The engine shares this machine's cores with the "
+               "load generator (and with whatever else runs here).")
     exports.offer("serve", data=rows, rows=serving.table(rows), figures=figures)

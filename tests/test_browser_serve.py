@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_browser import CHROMIUM, PLOT, browser_page, free_port, open_page, set_number, shot  # noqa: F401
+from test_browser import PLOT, browser_page, free_port, open_page, set_number, shot  # noqa: F401
 from test_browser import wait_healthy, wait_idle
 
 from pop_analysis.serving import venv

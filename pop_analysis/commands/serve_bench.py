@@ -52,7 +52,7 @@ def run(args) -> int:
             for name, info in s.engines_info().items():
                 print(f"{name} engine ({info['serves']}): ready in {info['start_s']:.1f} s, {info['rss_mib']} MiB; "
                       f"command: {info['command']}")
-        rows = s.bench(specs, rounds=args.rounds, progress=_bar if not args.json else None,
+        rows = s.bench(specs, rounds=args.rounds, progress=_bar,
                        on_row=show)
         out = {"model": pop.name, "variant": pop.variant, "skip_layers": list(pop.skip),
                "engines": s.engines_info(), "rows": rows}

@@ -46,6 +46,8 @@ class Serving:
                 engine = Engine(spec)
                 self.engines[name] = engine
                 engine.start(progress=_labelled(progress, name, i, len(wanted)), **kw)
+            for side in self.names:  # the first request of an engine pays its warm-up
+                self.generate(side, "Hello", 2)
         except BaseException:
             self.stop()
             raise
