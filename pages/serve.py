@@ -49,7 +49,10 @@ with st.container(border=True):
     starting = jobs.running("serve_start")
     if c[1].button("Start" if s is None else "Restart", type="primary", key="serve.start",
                    disabled=starting):
-        serving.start_engines(model, skip, variant)
+        try:
+            serving.start_engines(model, skip, variant)
+        except (venv.ServingError, ValueError) as e:  # a model the engine cannot serve
+            st.error(f"The engine did not start: {e}")
     c[2].button("Stop", key="serve.stop", on_click=serving.stop, disabled=s is None)
     jobs.panel("serve_start")
     s = serving.current()
