@@ -8,6 +8,7 @@ action caused has finished" is a condition, not a pause.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 APP_ROOT = '[data-testid="stApp"]'
+_SESSIONS: list = []  # CDP sessions holding a page's CPU throttling
 
 # Counts script runs as they start (the attribute turns "running"); installed on every document.
 RUN_COUNTER = """
@@ -46,8 +48,15 @@ CENTRE = """([selector, i]) => {
 
 
 def install(page) -> None:
-    """Count script runs on this page (call once, before the first goto)."""
+    """Count script runs on this page (call once, before the first goto). With
+    POP_LAB_BROWSER_SLOWDOWN=N the page's CPU runs N times slower (Chrome's own throttling), as
+    on a slow or busy machine: the waits must hold there too."""
     page.add_init_script(RUN_COUNTER)
+    rate = float(os.environ.get("POP_LAB_BROWSER_SLOWDOWN") or 1)
+    if rate > 1:
+        session = page.context.new_cdp_session(page)
+        session.send("Emulation.setCPUThrottlingRate", {"rate": rate})
+        _SESSIONS.append(session)  # the throttling lasts while its session stays attached
 
 
 def fail_with_shot(page, what: str, detail: str = "") -> None:
