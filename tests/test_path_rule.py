@@ -5,7 +5,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from apptest_util import APP, temp_store, texts  # noqa: F401 (fixture)
-from pop_analysis.allowed_paths import PathNotAllowed
+from pop_analysis.data.allowed_paths import PathNotAllowed
 from tiny import tiny_model
 
 REFUSED = "is not a file the dashboard may read"
@@ -63,7 +63,7 @@ def test_the_model_box_refuses_with_the_links_words(outside):
 
 
 def test_check_model_passes_the_registry_hub_ids_and_allowed_folders(outside, temp_store):  # noqa: F811
-    from pop_analysis.allowed_paths import check_model
+    from pop_analysis.data.allowed_paths import check_model
 
     model, nothing = outside
     assert check_model("smollm2-135m") == "smollm2-135m"

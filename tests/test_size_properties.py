@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pop_analysis.allowed_paths import PathNotAllowed, check_model
-from pop_analysis.pop import PromptError, check_text, max_prompt_chars
-from pop_analysis.readers import DatasetError, text_lines
-from pop_analysis.skipset import SkipSetError
+from pop_analysis.data.allowed_paths import PathNotAllowed, check_model
+from pop_analysis.engine.pop import PromptError, check_text, max_prompt_chars
+from pop_analysis.data.readers import DatasetError, text_lines
+from pop_analysis.engine.skipset import SkipSetError
 
 FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
