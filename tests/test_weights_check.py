@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pop_analysis.models import ModelLoadError, load_model
+from pop_analysis.engine.models import ModelLoadError, load_model
 from tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
