@@ -13,11 +13,11 @@ import pytest
 from pop_analysis import cli
 from pop_analysis.commands import generate as generate_cmd
 from pop_analysis.commands import sweep as sweep_cmd
-from pop_analysis.data import load_prompts
-from pop_analysis.generate import encode
-from pop_analysis.pop import PromptError
-from pop_analysis.readers import DatasetError
-from pop_analysis.retrieval import RetrievalConfig, RetrievalError, retrieval_items
+from pop_analysis.data.prompts import load_prompts
+from pop_analysis.engine.generate import encode
+from pop_analysis.engine.pop import PromptError
+from pop_analysis.data.readers import DatasetError
+from pop_analysis.quality.retrieval import RetrievalConfig, RetrievalError, retrieval_items
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,7 @@ def one_error_line(capsys) -> str:
 # --- bounded before expanded -------------------------------------------------------------------
 
 def test_a_prompt_longer_than_the_context_can_hold_is_never_tokenised(embedded):
-    from pop_analysis.pop import max_prompt_chars
+    from pop_analysis.engine.pop import max_prompt_chars
 
     spy = CountingTokenizer(embedded.tokenizer)
     lm = dataclasses.replace(embedded, tokenizer=spy)
@@ -64,7 +64,7 @@ def test_a_prompt_longer_than_the_context_can_hold_is_never_tokenised(embedded):
 
 
 def test_a_huge_one_line_prompt_file_is_refused_while_reading(tmp_path):
-    from pop_analysis.readers import MAX_LINE_BYTES
+    from pop_analysis.data.readers import MAX_LINE_BYTES
 
     big = tmp_path / "one_line.txt"
     with open(big, "wb") as f:
@@ -138,7 +138,7 @@ def test_an_unwritable_csv_is_refused_before_the_sweep_runs(embedded, tmp_path, 
 
 
 def test_lm_eval_model_args_that_are_not_integers_are_one_line(embedded):
-    from pop_analysis.lm_eval_model import PopLM, PopLMError
+    from pop_analysis.harness.lm_eval_model import PopLM, PopLMError
 
     for args in ({"max_length": "abc"}, {"max_gen_toks": "-3"}, {"threads": "x"}):
         with pytest.raises(PopLMError) as e:
@@ -161,7 +161,7 @@ def test_an_error_after_a_progress_bar_starts_its_own_line(monkeypatch, capsys):
 
 
 def test_a_truncated_converted_model_says_to_delete_it(tmp_path, monkeypatch):
-    from pop_analysis.models import ModelLoadError, converted_dir, load_model
+    from pop_analysis.engine.models import ModelLoadError, converted_dir, load_model
 
     source = converted_dir("smollm2-135m")
     monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path))
