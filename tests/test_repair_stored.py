@@ -8,11 +8,12 @@ import warnings
 import pytest
 import torch
 
-from pop_analysis import cli, repair_store
+from pop_analysis import cli
+from pop_analysis.repair import store as repair_store
 from pop_analysis.commands import repair as repair_cmd
-from pop_analysis.pop import RepairError
-from pop_analysis.repair import Calibration, RepairConfig, fit_repair
-from pop_analysis.store import StoreWarning
+from pop_analysis.engine.pop import RepairError
+from pop_analysis.repair.fit import Calibration, RepairConfig, fit_repair
+from pop_analysis.store.results import StoreWarning
 from tiny import tiny_model, tiny_prompt
 
 SKIP = (4, 5)
