@@ -67,11 +67,14 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def writable(path: str, flag: str) -> str:
+def writable(path: str, flag: str, make_parent: bool = False) -> str:
     """Refuse, before any work, an output path that cannot be written (a missing folder, a
-    file where a folder should be, no permission); nothing is left behind."""
+    file where a folder should be, no permission); no file is left behind. make_parent: create
+    the folder first, as the writer itself would."""
     existed = os.path.exists(path)
     try:
+        if make_parent:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "a"):
             pass
         if not existed:

@@ -80,7 +80,7 @@ def run(args) -> int:
     out = Path(args.out).expanduser()
     if out.suffix != ".md":
         raise ReportError(f"--out must name a .md file, got {out}")
-    writable(str(out), "--out")  # before any part runs
+    writable(str(out), "--out", make_parent=True)  # before any part runs
     lm = load(args)
     check_lengths(cfg, lm.adapter.shape.max_positions)
     bar = None if args.quiet or args.json else terminal_bar

@@ -111,7 +111,7 @@ def entries(lm=None, skip=None) -> list[dict]:
     return out
 
 
-def listing(lm=None, skip=None) -> list[dict]:
+def listing(lm=None, skip=None, notice=None) -> list[dict]:
     """One row per stored repair (newest first; `lm` / `skip` filter as in `entries`): what it
     was fitted on, how long it took, the last skipped layer's R^2 of plain POP's projection and
     of the fitted map, and the bytes of its maps in float32 (from the sidecar; the maps are not
@@ -122,7 +122,8 @@ def listing(lm=None, skip=None) -> list[dict]:
         payload = store.load(KIND, e["key"])
         reason = "its record is unreadable" if payload is None else unusable(e["key"], p)
         if reason:
-            store.warn(f"stored repair {e['key']} not listed: {reason} (delete it, or fit again)")
+            (notice or store.warn)(f"stored repair {e['key']} not listed: {reason} (delete it, "
+                                   "or fit again)")
             continue
         info, model = payload.get("info", {}), p.get("model", {})
         last = info.get("fit", {}).get(str((p.get("skip") or [None])[-1]), {})
@@ -202,8 +203,10 @@ def check_scale(lm, rep: Repair, built) -> None:
 
 
 def fit_and_store(lm, skip, cfg: RepairConfig = RepairConfig(), progress=None,
-                  use_cache: bool = True) -> tuple[Repair, bool]:
-    """(repair, was_stored): the stored repair for these settings and data, or fit and store."""
+                  use_cache: bool = True, notice=None) -> tuple[Repair, bool]:
+    """(repair, was_stored): the stored repair for these settings and data, or fit and store.
+    A store that cannot be written costs only the storing: notice(line) hears it (default: a
+    StoreWarning) and the fitted repair is returned all the same."""
     skip = check_block(skip, lm.adapter.n_layers)
     data = calibration(lm, cfg)
     key = store.make_key(_params(model_identity(lm), skip, data.fingerprint, cfg))
@@ -211,14 +214,14 @@ def fit_and_store(lm, skip, cfg: RepairConfig = RepairConfig(), progress=None,
         try:
             return load(key), True
         except RepairError as e:
-            store.warn(f"{e}; fitting it again")
+            (notice or store.warn)(f"{e}; fitting it again")
     rep = fit_repair(lm, skip, cfg, progress, data)
     try:
         return save(rep), False
     except OSError as e:  # the fit is kept for this run: a cache that cannot be written costs
         rep.key = key  # only the caching, as for every other result
-        store.warn(f"repair {key} not stored under {store.results_dir(KIND)} "
-                   f"({e.strerror or first_line(e)}); it is used for this run only")
+        (notice or store.warn)(f"repair {key} not stored under {store.results_dir(KIND)} "
+                               f"({e.strerror or first_line(e)}); it is used for this run only")
         return rep, False
 
 
