@@ -102,6 +102,21 @@ def gone(page, locator, what: str, timeout_s: float = 60) -> None:
         fail_with_shot(page, what)
 
 
+def until_shown(page, action, locator, what: str, tries: int = 3, each_s: float = 10) -> None:
+    """Do `action()` until `locator` shows (a menu opened by a click that a redraw of the page
+    can swallow): each try waits for the effect, not for time."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(tries):
+        action()
+        try:
+            locator.wait_for(state="visible", timeout=each_s * 1000)
+            return
+        except PlaywrightTimeout:
+            continue
+    fail_with_shot(page, what, f"{tries} tries")
+
+
 def runs(page) -> int:
     """Script runs started on this page so far."""
     return page.evaluate("() => window.__popRuns || 0")
