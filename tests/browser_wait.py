@@ -1,10 +1,10 @@
 """Waiting in the browser tests: on conditions the page shows, never on time.
 
 Every wait names what it waited for; when it times out, a screenshot of the page is saved under
-artifacts/screenshots/failed_<what>.png and the test fails with that name and the file. A script
-run is seen through the `data-test-script-state` attribute Streamlit's app root carries: an
-observer installed before the page's own scripts counts the runs that start, so "the run this
-action caused has finished" is a condition, not a pause.
+artifacts/screenshots/failed_<what>.png and the test fails with that name and the file. "The run
+this action caused has finished" is read from the server's own messages on the page's websocket
+(a ForwardMsg script_finished), so it is a condition, not a pause, however slowly the browser
+draws; "no run in progress" from the app root's `data-test-script-state` attribute.
 """
 from __future__ import annotations
 
@@ -17,18 +17,7 @@ import pytest
 SHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 APP_ROOT = '[data-testid="stApp"]'
 _SESSIONS: list = []  # CDP sessions holding a page's CPU throttling
-
-# Counts script runs as they start (the attribute turns "running"); installed on every document.
-RUN_COUNTER = """
-window.__popRuns = 0;
-new MutationObserver(records => {
-  for (const r of records) {
-    if (r.target.getAttribute('data-test-script-state') === 'running' && r.oldValue !== 'running')
-      window.__popRuns += 1;
-  }
-}).observe(document, {subtree: true, attributes: true, attributeOldValue: true,
-                      attributeFilter: ['data-test-script-state']});
-"""
+_SOCKETS: dict = {}  # page -> its Streamlit websocket (the latest one)
 
 IDLE = f"""() => {{
   const app = document.querySelector('{APP_ROOT}');
@@ -48,10 +37,11 @@ CENTRE = """([selector, i]) => {
 
 
 def install(page) -> None:
-    """Count script runs on this page (call once, before the first goto). With
+    """Follow this page's Streamlit websocket (call once, before the first goto). With
     POP_LAB_BROWSER_SLOWDOWN=N the page's CPU runs N times slower (Chrome's own throttling), as
     on a slow or busy machine: the waits must hold there too."""
-    page.add_init_script(RUN_COUNTER)
+    page.on("websocket", lambda ws: _SOCKETS.__setitem__(page, ws) if "_stcore/stream" in ws.url
+            else None)
     rate = float(os.environ.get("POP_LAB_BROWSER_SLOWDOWN") or 1)
     if rate > 1:
         session = page.context.new_cdp_session(page)
@@ -117,9 +107,18 @@ def until_shown(page, action, locator, what: str, tries: int = 3, each_s: float 
     fail_with_shot(page, what, f"{tries} tries")
 
 
-def runs(page) -> int:
-    """Script runs started on this page so far."""
-    return page.evaluate("() => window.__popRuns || 0")
+def _run_finished(payload) -> bool:
+    """Whether a websocket frame is the server's 'script finished' for a whole-page run."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    if not isinstance(payload, (bytes, bytearray)):
+        return False
+    try:
+        msg = ForwardMsg.FromString(bytes(payload))
+    except Exception:  # noqa: BLE001 - not a ForwardMsg: not the end of a run
+        return False
+    done = (ForwardMsg.FINISHED_SUCCESSFULLY, ForwardMsg.FINISHED_WITH_COMPILE_ERROR)
+    return msg.WhichOneof("type") == "script_finished" and msg.script_finished in done
 
 
 def idle(page, timeout_s: float = 300) -> None:
@@ -128,12 +127,21 @@ def idle(page, timeout_s: float = 300) -> None:
 
 
 def rerun(page, action, what: str, timeout_s: float = 300) -> None:
-    """Do `action()` (a click, a keypress that changes a widget), then wait until the script run
-    it caused has started and finished."""
-    before = runs(page)
-    action()
-    wait_for(page, f"the run after {what}",
-             f"() => (window.__popRuns || 0) > {before} && ({IDLE})()", timeout_s=timeout_s)
+    """Do `action()` (a click, a keypress that changes a widget) once no run is in progress, then
+    wait for the server to say the run it caused has finished, and for the page to settle."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    idle(page, timeout_s)
+    socket = _SOCKETS.get(page)
+    if socket is None:
+        fail_with_shot(page, f"the page's websocket before {what}")
+    try:
+        with socket.expect_event("framereceived", predicate=_run_finished,
+                                 timeout=timeout_s * 1000):
+            action()
+    except PlaywrightTimeout:
+        fail_with_shot(page, f"the run after {what}")
+    idle(page, timeout_s)
 
 
 def centre(page, selector: str, index: int, what: str, timeout_s: float = 60) -> dict:
