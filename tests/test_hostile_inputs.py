@@ -87,6 +87,17 @@ def test_a_long_prompt_in_a_data_set_is_refused_before_calibration_tokenises(emb
     assert "more than the model's context of 8192 tokens can hold" in one_error_line(capsys)
 
 
+def test_a_long_reference_answer_is_refused_before_tokenising(embedded):
+    from pop_analysis.quality.evalsets import records_to_items
+
+    spy = CountingTokenizer(embedded.tokenizer)
+    lm = dataclasses.replace(embedded, tokenizer=spy)
+    record = {"prompt": "What is two and two?", "answer": "four " * 40000}
+    with pytest.raises(PromptError, match="the reference answer is 200000 characters"):
+        records_to_items(lm, [record], "long.jsonl")
+    assert spy.longest < 1000, "the reference reached the tokenizer"
+
+
 def test_retrieval_lengths_beyond_the_context_are_refused_before_building(embedded):
     t0 = time.perf_counter()
     with pytest.raises(RetrievalError, match="exceeds the model's context of 8192 tokens"):

@@ -68,11 +68,11 @@ def max_prompt_chars(adapter) -> int | None:
     return CHARS_PER_TOKEN * limit if limit else None
 
 
-def check_text(adapter, n_chars: int) -> None:
-    """Refuse prompt text the context cannot hold, by its length alone (before tokenising)."""
+def check_text(adapter, n_chars: int, what: str = "prompt") -> None:
+    """Refuse text the context cannot hold, by its length alone (before tokenising)."""
     most = max_prompt_chars(adapter)
     if most is not None and n_chars > most:
-        raise PromptError(f"the prompt is {n_chars} characters, more than the model's context of "
+        raise PromptError(f"the {what} is {n_chars} characters, more than the model's context of "
                           f"{adapter.shape.max_positions} tokens can hold (at most {most} "
                           "characters are tokenised)")
 
