@@ -92,15 +92,16 @@ def gone(page, locator, what: str, timeout_s: float = 60) -> None:
         fail_with_shot(page, what)
 
 
-def until_shown(page, action, locator, what: str, tries: int = 3, each_s: float = 10) -> None:
-    """Do `action()` until `locator` shows (a menu opened by a click that a redraw of the page
-    can swallow): each try waits for the effect, not for time."""
+def choose(page, open_menu, option, what: str, tries: int = 3) -> None:
+    """Click `option` in a menu that `open_menu()` opens; the menu is opened again when it has
+    closed meanwhile (a redraw of the widget closes it), each try waiting for the option."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for _ in range(tries):
-        action()
+        if not option.is_visible():
+            open_menu()
         try:
-            locator.wait_for(state="visible", timeout=each_s * 1000)
+            option.click(timeout=10_000)
             return
         except PlaywrightTimeout:
             continue
@@ -139,8 +140,8 @@ def rerun(page, action, what: str, timeout_s: float = 300) -> None:
         with socket.expect_event("framereceived", predicate=_run_finished,
                                  timeout=timeout_s * 1000):
             action()
-    except PlaywrightTimeout:
-        fail_with_shot(page, f"the run after {what}")
+    except PlaywrightTimeout as e:
+        fail_with_shot(page, f"the run after {what}", str(e).splitlines()[0])
     idle(page, timeout_s)
 
 

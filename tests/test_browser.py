@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from browser_wait import centre, gone, idle, install, rerun, until_shown, visible, wait_for
+from browser_wait import centre, choose, gone, idle, install, rerun, visible, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -219,8 +219,8 @@ def test_every_page_in_a_real_browser(server, browser_page):
     idle(page)
     picker = page.get_by_role("combobox", name="Overlay on the importance chart")
     option = page.locator('[role="option"]').last  # the older run: seed 0
-    until_shown(page, picker.click, option, "the overlay picker's options")
-    rerun(page, option.click, "picking the older calibration to overlay")
+    rerun(page, lambda: choose(page, picker.click, option, "the older calibration in the picker"),
+          "picking the older calibration to overlay")
     page.keyboard.press("Escape")
     visible(page, page.get_by_text(re.compile("Overlaid: 1 stored calibration")),
             "the overlay note", timeout_s=30)
