@@ -11,6 +11,7 @@ import os
 import streamlit as st
 
 from dashboard import state
+from pop_analysis.data.allowed_paths import PathNotAllowed, check_model
 from pop_analysis.engine.models import DEFAULT_MODEL
 from pop_analysis.engine.skipset import SkipSetError, describe, parse_layers
 
@@ -35,6 +36,12 @@ def apply_link() -> None:
     st.session_state[state.URL_READ] = True
     q = st.query_params
     name = q.get("model")
+    if name:
+        try:
+            check_model(name)
+        except PathNotAllowed as e:  # the model box's words: nothing tells whether it exists
+            st.session_state[state.LINK_ERROR] = f"The link's model is not loaded: {e}"
+            name = None
     if name:
         spec = state.ModelSpec(name, q.get("device") or None, q.get("dtype") or None)
         state.set_model_spec(spec)

@@ -30,7 +30,8 @@ def stored_key(lm, skip) -> str | None:
     """The newest stored repair for this model and skip set (None: pop_repair not offered)."""
     if not skip:
         return None
-    found = repair_store.entries(lm, skip)
+    found = [e for e in repair_store.entries(lm, skip)  # usable ones only: maps file intact
+             if repair_store.unusable(e["key"], e["params"]) is None]
     return found[0]["key"] if found else None
 
 
@@ -53,16 +54,23 @@ def _fit(lm, block, cfg: RepairConfig) -> None:
         bar.progress(min(max(p.fraction, 0.0), 1.0),
                      text=f"{what}: {p.message or 'working'} · {p.done}/{p.total}{eta}")
 
+    notes: list[str] = []
     try:
         with widgets.run_lock():
-            rep, was_stored = repair_store.fit_and_store(lm, block, cfg, progress)
+            rep, was_stored = repair_store.fit_and_store(lm, block, cfg, progress,
+                                                         notice=notes.append)
     except (ValueError, RuntimeError, OSError) as e:
         st.error(f"{what} failed: {first_line(e)}")
         return
     finally:
         bar.empty()
+    for note in notes:
+        st.warning(note)
     if was_stored:
         st.success(f"{what}: already stored as {rep.key} (nothing to fit).")
+    elif repair_store.unusable(rep.key, {"skip": list(rep.skip)}):  # the store refused it
+        st.warning(f"{what}: fitted in {rep.info['seconds']:.0f} s but not stored, so the pages "
+                   "cannot offer pop_repair with it; free the cache folder and fit again.")
     else:
         st.success(f"{what}: fitted in {rep.info['seconds']:.0f} s on {rep.info['n_tokens']} "
                    f"distinct tokens and stored as {rep.key}. Generate, Drift and Sweeps now "
@@ -92,7 +100,7 @@ def skip_set_panel(lm, skip) -> None:
                      help="reuses a stored repair fitted on the same data and settings")
     if go and block is not None:
         _fit(lm, block, dataclasses.replace(base, n_samples=int(samples)))
-    rows = repair_store.listing(lm)
+    rows = repair_store.listing(lm, notice=st.warning)
     if not rows:
         st.caption("No stored repairs for this model yet.")
         return

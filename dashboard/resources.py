@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import streamlit as st
 
+from pop_analysis.data.allowed_paths import check_model
 from pop_analysis.engine.models import load_model
 
 
@@ -21,7 +22,9 @@ def load_log() -> list:
 
 @st.cache_resource(show_spinner=False, max_entries=2)
 def shared_model(name: str, device: str | None, dtype: str | None):
-    """Load once; later calls from any page or session get the same instance."""
+    """Load once; later calls from any page or session get the same instance. Every name passes
+    the allowed-path rule first (a link, the model box and the pages all end here)."""
+    check_model(name)
     lm = load_model(name, device=device, dtype=dtype)
     load_log().append((name, device, dtype, time.time()))
     return lm

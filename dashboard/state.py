@@ -31,6 +31,7 @@ MESSAGE = "lab.message"  # one-shot (level, text) shown where the user acted, af
 KEEP = "keep."  # + widget key: the canonical copy of a kept input
 KEPT = "lab.kept"  # set of widget keys registered with kept()
 URL_READ = "lab.url_read"  # True once this session's link (query parameters) was applied
+LINK_ERROR = "lab.link_error"  # why the link's model was refused; shown until a model is loaded
 
 
 @dataclass(frozen=True)

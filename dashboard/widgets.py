@@ -10,7 +10,7 @@ import streamlit as st
 
 from dashboard import state
 from dashboard.resources import load_log, locked, memory_in_use, shared_model, unload_models
-from pop_analysis.data.allowed_paths import check_path
+from pop_analysis.data.allowed_paths import check_model
 from pop_analysis.engine.models import DEFAULT_MODEL, ModelLoadError
 from pop_analysis.store.paths import cache_dir
 
@@ -34,7 +34,7 @@ def _spec_from_form(source: str, name: str, device: str, dtype: str) -> state.Mo
     if not name:
         raise ModelLoadError("give a hub id (owner/name) or a local directory")
     if SOURCES[source] != "embedded":
-        check_path(name)  # outside the allowed folders: refused unread (a hub id resolves in cwd)
+        check_model(name)  # outside the allowed folders: refused unread (a hub id resolves in cwd)
     return state.ModelSpec(name, None if device == "auto" else device, None if dtype == "auto" else dtype)
 
 
@@ -49,7 +49,11 @@ def model_form() -> None:
         device = c1.selectbox("Device", _devices(), key="w.device")
         dtype = c2.selectbox("dtype", DTYPES, key="w.dtype")
         submitted = st.form_submit_button("Load model", width="stretch")
+    refused = st.session_state.get(state.LINK_ERROR)
+    if refused and not submitted:
+        st.sidebar.error(refused)
     if submitted:
+        st.session_state.pop(state.LINK_ERROR, None)
         try:
             spec = _spec_from_form(source, name, device, dtype)
             with st.sidebar, st.spinner(f"Loading {spec.name} ..."):

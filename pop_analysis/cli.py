@@ -13,6 +13,7 @@ import warnings
 
 from pop_analysis import commands
 from pop_analysis.errors import first_line
+from pop_analysis.progress import end_line
 from pop_analysis.store.results import StoreWarning
 
 
@@ -51,6 +52,7 @@ def _one_line(show):
     """The project's cache notices as one `warning:` line on stderr; other warnings as before."""
     def showwarning(message, category, *rest, **kw):
         if issubclass(category, StoreWarning):
+            end_line()
             print(f"warning: {message}", file=sys.stderr)
         else:
             show(message, category, *rest, **kw)
@@ -61,8 +63,10 @@ def _run(mods, args) -> int:
     try:
         return int(mods[args.command_module].run(args) or 0)
     except KeyboardInterrupt:
+        end_line()
         print("error: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the CLI's contract: one readable line, non-zero exit
+        end_line()
         print(f"error: {first_line(e)}", file=sys.stderr)
         return 1

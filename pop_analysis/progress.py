@@ -216,6 +216,17 @@ def duration(seconds: float) -> str:
     return f"{h} h {m} min"
 
 
+_BAR_OPEN = threading.Event()  # set while the bar's line on stderr awaits its newline
+
+
+def end_line() -> None:
+    """End the progress bar's line, so a message printed next starts a line of its own."""
+    if _BAR_OPEN.is_set():
+        _BAR_OPEN.clear()
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
 def terminal_bar(update: Progress) -> None:
     """A one-line progress bar on stderr for the CLI."""
     width = 30
@@ -227,4 +238,7 @@ def terminal_bar(update: Progress) -> None:
                      f"{eta} {update.message[:40]:<40}")
     if update.done >= update.total:
         sys.stderr.write("\n")
+        _BAR_OPEN.clear()
+    else:
+        _BAR_OPEN.set()
     sys.stderr.flush()

@@ -5,6 +5,10 @@ Visits every page through the sidebar navigation (one session): two small calibr
 overlaid on the other, a CSV download, a preset, single clicks and a box on the layer strip (the
 sidebar must follow each), a generation; checks plotly charts are drawn, and saves screenshots
 and timings under artifacts/screenshots/. The server is stopped by its pid.
+
+Every step waits on what it acts on (browser_wait): a chart's points laid out before a click, the
+run an action caused finished, a text shown; a wait that times out saves a screenshot named after
+what it waited for.
 """
 import json
 import os
@@ -17,6 +21,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from browser_wait import centre, choose, gone, idle, install, rerun, visible, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -91,7 +97,9 @@ def browser_page(tmp_path_factory):
                                                    viewport={"width": 1400, "height": 1000},
                                                    accept_downloads=True)
         try:
-            yield ctx.pages[0] if ctx.pages else ctx.new_page()
+            page = ctx.pages[0] if ctx.pages else ctx.new_page()
+            install(page)
+            yield page
         finally:
             ctx.close()
 
@@ -101,8 +109,10 @@ def shot(page, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     size = page.viewport_size
     tall = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]')?.scrollHeight || 0")
-    page.set_viewport_size({"width": size["width"], "height": min(max(tall, size["height"]), 6000)})
-    page.wait_for_timeout(500)  # charts resize to the new window
+    height = min(max(tall, size["height"]), 6000)
+    page.set_viewport_size({"width": size["width"], "height": height})
+    wait_for(page, f"the window to be {height} px tall for {name}", "h => window.innerHeight === h",
+             height)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
     page.set_viewport_size(size)
 
@@ -110,35 +120,34 @@ def shot(page, name: str) -> None:
 def open_page(page, title: str, heading: str) -> float:
     """Click the sidebar link and wait for the page heading; returns seconds taken."""
     t0 = time.time()
-    page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True).click()
-    page.get_by_role("heading", name=re.compile(heading)).first.wait_for(timeout=60_000)
-    wait_idle(page)
+    link = page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True)
+    rerun(page, link.click, f"opening the {title} page")
+    visible(page, page.get_by_role("heading", name=re.compile(heading)).first,
+            f"the heading of the {title} page")
+    idle(page)
     return time.time() - t0
 
 
-def wait_idle(page, timeout: float = 300) -> None:
-    """Wait until the app has finished its current run (the status widget disappears)."""
-    page.wait_for_timeout(300)
-    page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=timeout * 1000)
+# The progress bar's text when it differs from the last one seen, or done=true once the page
+# shows `pattern` (the run's closing note).
+PROGRESS = """([last, pattern]) => {
+  const bar = document.querySelector('[data-testid="stProgress"]');
+  const text = bar ? bar.innerText : null;
+  if (new RegExp(pattern).test(document.body.innerText)) return {done: true, text};
+  return text && text !== last ? {done: false, text} : null;
+}"""
 
 
-def watch_progress(page, done, timeout: float = 300) -> list[float]:
-    """Poll the progress bar's text until `done` shows; return the times it changed."""
-    from playwright.sync_api import Error as PlaywrightError
-
+def watch_progress(page, pattern: str, timeout: float = 300) -> list[float]:
+    """Every change of the progress bar's text until `pattern` shows; the times they came."""
     changes, last, end = [], None, time.time() + timeout
-    while not done.count():
-        assert time.time() < end, "the run did not finish"
-        bar = page.locator('[data-testid="stProgress"]')
-        try:
-            text = bar.first.inner_text(timeout=500) if bar.count() else None
-        except PlaywrightError:  # the bar vanished between count and read
-            text = None
-        if text and text != last:
-            changes.append(time.time())
-            last = text
-        page.wait_for_timeout(200)
-    return changes
+    while True:
+        seen = wait_for(page, f"the progress bar to move or /{pattern}/ to show", PROGRESS,
+                        [last, pattern], timeout_s=max(1.0, end - time.time()))
+        if seen["done"]:
+            return changes
+        changes.append(time.time())
+        last = seen["text"]
 
 
 def loads(page) -> int:
@@ -148,16 +157,18 @@ def loads(page) -> int:
 
 def set_number(page, label: str, value: int) -> None:
     box = page.get_by_label(label, exact=True)
+    visible(page, box, f"the {label} box")
     box.fill(str(value))
-    box.press("Enter")
-    wait_idle(page)
+    rerun(page, lambda: box.press("Enter"), f"setting {label} to {value}")
+
+
+SQUARES = f"{PLOT} .scatterlayer .point"  # the layer strip's squares (the page's first chart)
 
 
 def click_square(page, layer: int) -> None:
-    """One click on a square of the layer strip."""
-    box = page.locator(f"{PLOT} .scatterlayer .point").nth(layer).bounding_box()
-    page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    wait_idle(page)
+    """One click on a square of the layer strip, once the strip's points are laid out."""
+    at = centre(page, SQUARES, layer, f"square {layer} of the layer strip to be laid out")
+    rerun(page, lambda: page.mouse.click(at["x"], at["y"]), f"a click on square {layer}")
 
 
 def test_every_page_in_a_real_browser(server, browser_page):
@@ -165,11 +176,11 @@ def test_every_page_in_a_real_browser(server, browser_page):
     perf = {}
     t_connect = time.time()
     page.goto(server["url"])
-    page.locator(PLOT).first.wait_for(timeout=120_000)
+    visible(page, page.locator(PLOT).first, "the first page's chart", timeout_s=120)
     perf["first_page_interactive_s"] = round(time.time() - server["t_launch"], 2)
     perf["server_ready_s"] = round(server["t_healthy"] - server["t_launch"], 2)
     perf["first_page_after_connect_s"] = round(time.time() - t_connect, 2)  # imports + model load
-    wait_idle(page)
+    idle(page)
     assert "Skip set:" in page.locator('[data-testid="stSidebar"]').inner_text()
     assert loads(page) == 1
     shot(page, "1_overview")
@@ -180,8 +191,9 @@ def test_every_page_in_a_real_browser(server, browser_page):
     set_number(page, "Response tokens", 8)
     t0 = time.time()
     page.get_by_role("button", name="Run calibration").click()
-    done = page.get_by_text(re.compile("Calibration of .*stored for next time"))
-    changes = watch_progress(page, done)
+    note = "Calibration of .*stored for next time"
+    done = page.get_by_text(re.compile(note))
+    changes = watch_progress(page, note)
     perf["calibration_s"] = round(time.time() - t0, 2)
     gaps = [b - a for a, b in zip(changes, changes[1:])]
     perf["progress_bar_redraws"] = len(changes)
@@ -189,25 +201,32 @@ def test_every_page_in_a_real_browser(server, browser_page):
     assert len(changes) >= 2, "the progress bar was never seen moving"
     # A frozen bar, not a slow machine, is what this guards against (it redraws every second).
     assert max(gaps) <= 5, f"the progress bar stood still for {max(gaps):.1f} s"
-    wait_idle(page)
-    page.locator(PLOT).first.wait_for(timeout=30_000)  # the importance chart
+    idle(page)
+    visible(page, page.locator(PLOT).first, "the importance chart")
     set_number(page, "Seed", 1)
     page.get_by_role("button", name="Run calibration").click()
-    done.wait_for(state="hidden", timeout=30_000)  # the first run's note goes when this one starts
-    done.wait_for(timeout=300_000)
-    wait_idle(page)
-    page.wait_for_timeout(3500)  # the store listing is refreshed every 3 s
-    for _ in range(2):  # a rerun (a toggle, flipped back): the listing now holds both runs
-        page.get_by_text("Spread bands (±1 std)").click()
-        wait_idle(page)
-    page.get_by_text(re.compile(r"Stored calibrations \(2\)")).click()
-    wait_idle(page)
+    gone(page, done, "the first run's note to go as the second run starts")
+    visible(page, done, "the second calibration's note", timeout_s=300)
+    idle(page)
+    listing = page.get_by_text(re.compile(r"Stored calibrations \(2\)"))
+    toggle = page.get_by_text("Spread bands (±1 std)")
+    end = time.time() + 60
+    while not listing.count():  # the store listing is cached for 3 s: rerun (a toggle, flipped
+        assert time.time() < end, "the store listing never showed both runs"  # back) until then
+        for _ in range(2):
+            rerun(page, toggle.click, "flipping the spread bands")
+    listing.click()
+    idle(page)
     picker = page.get_by_role("combobox", name="Overlay on the importance chart")
-    picker.click()
-    page.locator('[role="option"]').last.click()  # the older run: seed 0
-    wait_idle(page)
+    option = page.locator('[role="option"]').last  # the older run: seed 0
+    rerun(page, lambda: choose(page, picker.click, option, "the older calibration in the picker"),
+          "picking the older calibration to overlay")
     page.keyboard.press("Escape")
-    page.get_by_text(re.compile("Overlaid: 1 stored calibration")).wait_for(timeout=30_000)
+    visible(page, page.get_by_text(re.compile("Overlaid: 1 stored calibration")),
+            "the overlay note", timeout_s=30)
+    wait_for(page, "the overlay's legend entry",
+             f"() => [...document.querySelectorAll('{PLOT} .legendtext')].some("
+             "t => t.textContent.endsWith('· prefill'))")
     legend = page.locator(f"{PLOT} .legendtext").all_text_contents()  # SVG: no innerText
     assert any(t.endswith("· prefill") for t in legend), legend
     shot(page, "2_calibrate_overlay")
@@ -219,64 +238,77 @@ def test_every_page_in_a_real_browser(server, browser_page):
     assert csv_text.startswith("layer,prefill,decode") and len(csv_text.splitlines()) == 31
     t0 = time.time()
     page.get_by_role("button", name="Run calibration").click()
-    page.get_by_text(re.compile("loaded from the results store")).wait_for(timeout=30_000)
+    visible(page, page.get_by_text(re.compile("loaded from the results store")),
+            "the stored calibration's note", timeout_s=30)
     perf["cached_calibration_visible_s"] = round(time.time() - t0, 2)
-    page.locator(PLOT).first.wait_for()
+    visible(page, page.locator(PLOT).first, "the stored calibration's chart")
 
     # Skip set: a preset, a single click on the strip, a box; the sidebar follows each.
     perf["switch_to_skip_set_s"] = round(open_page(page, "Skip set", "Skip set"), 2)
-    page.locator(PLOT).first.wait_for(timeout=30_000)
-    page.get_by_text("Ideal prefill speedup @ 128 tok", exact=True).wait_for(timeout=30_000)
+    visible(page, page.locator(PLOT).first, "the layer strip")
+    visible(page, page.get_by_text("Ideal prefill speedup @ 128 tok", exact=True),
+            "the ideal speedup metric", timeout_s=30)
     side = page.locator('[data-testid="stSidebar"]')
-    page.get_by_role("button", name="Shallow", exact=True).click()
-    wait_idle(page)
-    side.get_by_text(re.compile(r"Skip set:\s*0-9 \(10/30")).wait_for(timeout=30_000)
+
+    def sidebar_says(pattern: str) -> None:
+        visible(page, side.get_by_text(re.compile(pattern)), f"the sidebar to read /{pattern}/",
+                timeout_s=30)
+
+    rerun(page, page.get_by_role("button", name="Shallow", exact=True).click, "the Shallow preset")
+    sidebar_says(r"Skip set:\s*0-9 \(10/30")
     assert "10 layers" in page.locator('[data-testid="stSlider"]').inner_text()
     assert "skip=0-9" in page.url, page.url
     click_square(page, 15)  # toggles layer 15 on
-    side.get_by_text(re.compile(r"Skip set:\s*0-9, 15 \(11/30")).wait_for(timeout=30_000)
+    sidebar_says(r"Skip set:\s*0-9, 15 \(11/30")
     click_square(page, 3)  # and layer 3 off
-    side.get_by_text(re.compile(r"Skip set:\s*0-2, 4-9, 15 \(10/30")).wait_for(timeout=30_000)
+    sidebar_says(r"Skip set:\s*0-2, 4-9, 15 \(10/30")
     # The box tool, then a box over layers 24..29: they replace the set.
-    page.locator(f'{PLOT} .modebar-btn[data-title="Box Select"]').click()
-    squares = page.locator(f"{PLOT} .scatterlayer .point")
-    a, b = squares.nth(24).bounding_box(), squares.nth(29).bounding_box()
-    page.mouse.move(a["x"] - 4, a["y"] - 12)
-    page.mouse.down()
-    page.mouse.move(b["x"] + b["width"] + 4, b["y"] + b["height"] + 12, steps=10)
-    page.mouse.up()
-    wait_idle(page)
-    side.get_by_text(re.compile(r"Skip set:\s*24-29 \(6/30")).wait_for(timeout=30_000)
+    tool = page.locator(f'{PLOT} .modebar-btn[data-title="Box Select"]').first
+    visible(page, tool, "the strip's Box Select tool")
+    tool.click()
+    a = centre(page, SQUARES, 24, "square 24 of the layer strip to be laid out")
+    b = centre(page, SQUARES, 29, "square 29 of the layer strip to be laid out")
+
+    def box_over_24_to_29() -> None:
+        page.mouse.move(a["left"] - 4, a["top"] - 12)
+        page.mouse.down()
+        page.mouse.move(b["right"] + 4, b["bottom"] + 12, steps=10)
+        page.mouse.up()
+
+    rerun(page, box_over_24_to_29, "a box over layers 24-29")
+    sidebar_says(r"Skip set:\s*24-29 \(6/30")
     shot(page, "3_skip_set")
 
     # Generate: a short prompt, 8 tokens, full and POP side by side.
     perf["switch_to_generate_s"] = round(open_page(page, "Generate", "Generate"), 2)
     prompt = page.get_by_label("Prompt", exact=True)
+    visible(page, prompt, "the prompt box")
     prompt.fill("Why is the sky blue?")
-    prompt.press("Control+Enter")
-    wait_idle(page)
+    rerun(page, lambda: prompt.press("Control+Enter"), "entering the prompt")
     set_number(page, "New tokens", 8)
     t0 = time.time()
     page.get_by_role("button", name="Generate").click()
-    page.get_by_text("Token agreement", exact=True).wait_for(timeout=300_000)
-    wait_idle(page)
+    visible(page, page.get_by_text("Token agreement", exact=True), "the generation's metrics",
+            timeout_s=300)
+    idle(page)
     perf["generation_s"] = round(time.time() - t0, 2)
-    page.locator(PLOT).nth(2).wait_for(timeout=30_000)
+    visible(page, page.locator(PLOT).nth(2), "the generation's third chart", timeout_s=30)
     shot(page, "4_generate")
     for side in ("full", "pop"):  # both outputs hold generated text
         assert page.locator(f".st-key-gen-out-{side}").inner_text().strip(), side
         assert "<|im_end|>" not in page.locator(f".st-key-gen-out-{side}").inner_text()
     assert page.locator(PLOT).count() >= 3
     page.get_by_role("button", name="Explain with the logit lens").click()
-    page.get_by_text(re.compile("Commitment: the layer")).wait_for(timeout=120_000)
-    wait_idle(page)
+    visible(page, page.get_by_text(re.compile("Commitment: the layer")), "the logit lens",
+            timeout_s=120)
+    idle(page)
     shot(page, "4b_generate_lens")
 
     for title, heading, name in (("Drift", "drift", "5_drift"), ("Sweeps", "Sweeps", "6_sweeps"),
                                  ("Overview", "Prefill-Only", "7_overview_again")):
         perf[f"switch_to_{title.lower()}_s"] = round(open_page(page, title, heading), 2)
         shot(page, name)
-    page.locator(PLOT).first.wait_for(timeout=30_000)
+    visible(page, page.locator(PLOT).first, "the overview's chart", timeout_s=30)
     open_page(page, "Generate", "Generate")  # the prompt is still there
     assert page.get_by_label("Prompt", exact=True).input_value() == "Why is the sky blue?"
     assert loads(page) == 1, "switching pages reloaded the model"

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from test_browser import ARGS, CHROMIUM, PLOT, SHOTS, server, wait_idle  # noqa: F401 - fixture
+from browser_wait import idle, install, rerun, visible, wait_for
+from test_browser import ARGS, CHROMIUM, PLOT, SHOTS, server  # noqa: F401 - fixture
 
 PROMPT = "Explain in detail why the sky is blue and why sunsets are red."
 
@@ -23,6 +24,8 @@ def two_pages():
         try:
             pages = [browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
                      for _ in range(2)]
+            for page in pages:
+                install(page)
             yield pages
         finally:
             browser.close()
@@ -30,19 +33,19 @@ def two_pages():
 
 def ready_to_generate(page, url: str) -> None:
     page.goto(url)
-    page.locator(PLOT).first.wait_for(timeout=120_000)
-    wait_idle(page)
-    page.locator('[data-testid="stSidebarNav"]').get_by_text("Generate", exact=True).click()
-    page.get_by_role("heading", name=re.compile("Generate")).first.wait_for(timeout=60_000)
-    wait_idle(page)
+    visible(page, page.locator(PLOT).first, "the first page's chart", timeout_s=120)
+    idle(page)
+    link = page.locator('[data-testid="stSidebarNav"]').get_by_text("Generate", exact=True)
+    rerun(page, link.click, "opening the Generate page")
+    visible(page, page.get_by_role("heading", name=re.compile("Generate")).first,
+            "the Generate heading")
     box = page.get_by_label("Prompt", exact=True)
+    visible(page, box, "the prompt box")
     box.fill(PROMPT)
-    box.press("Control+Enter")
-    wait_idle(page)
+    rerun(page, lambda: box.press("Control+Enter"), "entering the prompt")
     tokens = page.get_by_label("New tokens", exact=True)
     tokens.fill("48")  # a stream long enough that the second session has to wait for it
-    tokens.press("Enter")
-    wait_idle(page)
+    rerun(page, lambda: tokens.press("Enter"), "setting 48 new tokens")
 
 
 def shown(page) -> dict:
@@ -61,12 +64,14 @@ def test_two_sessions_never_show_a_lock_wait_as_speedup(server, two_pages):
     for page in (a, b):
         ready_to_generate(page, server["url"])
     a.get_by_role("button", name="Generate").click()
-    a.wait_for_timeout(300)  # a holds the model first
+    wait_for(a, "session a's stream to start (it holds the model)",  # tokens stream under the lock
+             "() => (document.querySelector('.st-key-gen-out-full')?.innerText || '').trim() !== ''")
     t_b = time.time()
     b.get_by_role("button", name="Generate").click()
     for page in (a, b):
-        page.get_by_text("Token agreement", exact=True).wait_for(timeout=600_000)
-        wait_idle(page, timeout=600)
+        visible(page, page.get_by_text("Token agreement", exact=True), "the generation's metrics",
+                timeout_s=600)
+        idle(page, timeout_s=600)
     b_total = time.time() - t_b
     SHOTS.mkdir(parents=True, exist_ok=True)
     for name, page in (("8_generate_session_a", a), ("9_generate_session_b", b)):

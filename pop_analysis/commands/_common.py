@@ -50,9 +50,39 @@ def set_threads(args) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads must be at least 1, got {args.threads}")
+    cores = usable_cores()
+    if args.threads is not None and args.threads > cores:  # torch would try to start them all
+        raise InputError(f"--threads {args.threads} is more than the {cores} CPU cores this "
+                         f"process may use; give 1..{cores}")
     if args.threads:
         torch.set_num_threads(args.threads)
     return torch.get_num_threads()
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def writable(path: str, flag: str, make_parent: bool = False) -> str:
+    """Refuse, before any work, an output path that cannot be written (a missing folder, a
+    file where a folder should be, no permission); no file is left behind. make_parent: create
+    the folder first, as the writer itself would."""
+    existed = os.path.exists(path)
+    try:
+        if make_parent:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a"):
+            pass
+        if not existed:
+            os.unlink(path)
+    except OSError as e:
+        raise InputError(f"{flag} {shown(path, 200)}: cannot write there "
+                         f"({e.strerror or type(e).__name__})") from None
+    return path
 
 
 def load(args):

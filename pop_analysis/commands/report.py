@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf, writable
 from pop_analysis.experiments.report import PARTS, ReportConfig, ReportError, collect
 from pop_analysis.experiments.report_render import write_report
 from pop_analysis.progress import terminal_bar
@@ -49,6 +49,14 @@ def config_from_args(args) -> ReportConfig:
                         repeats=args.repeats)
 
 
+def check_lengths(cfg: ReportConfig, context: int) -> None:
+    """Every retrieval length within the model's context, before any part builds a prompt."""
+    for flag, n in [("--retrieval-length", cfg.retrieval_length)] + [("--lengths", n) for n in cfg.lengths]:
+        if n < 1 or (context and n > context):
+            raise ReportError(f"{flag} {n} exceeds the model's context of {context} tokens"
+                              if n >= 1 else f"{flag} must be at least 1, got {n}")
+
+
 def parts_from_args(args) -> tuple[str, ...]:
     if args.render_only:
         return ()
@@ -72,7 +80,9 @@ def run(args) -> int:
     out = Path(args.out).expanduser()
     if out.suffix != ".md":
         raise ReportError(f"--out must name a .md file, got {out}")
+    writable(str(out), "--out", make_parent=True)  # before any part runs
     lm = load(args)
+    check_lengths(cfg, lm.adapter.shape.max_positions)
     bar = None if args.quiet or args.json else terminal_bar
     results = collect(lm, cfg, parts, not args.no_cache, bar)
     for part, res in results.items():

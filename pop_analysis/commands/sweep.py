@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf, writable
 from pop_analysis.commands._repair import add_repair_arg
 from pop_analysis.experiments.sweep import (DEFAULT_SAMPLES, KINDS, SweepConfig, SweepError,
     cached_sweep, write_csv)
@@ -122,6 +122,8 @@ def run(args) -> int:
     quiet_hf()
     cfg = config_from_args(args)
     kinds = kinds_from_args(args)
+    if args.csv:
+        writable(args.csv, "--csv")  # before the sweep, not after it
     calibration = load_calibration_arg(args.calibration)
     if "adaptive" in kinds and calibration is None:
         raise SweepError("the adaptive sweep needs --calibration KEY_OR_FILE")

@@ -45,6 +45,15 @@ def check_path(text: str | Path) -> Path:
                          f"its folder to ${ENV}")
 
 
+def check_model(name: str) -> str:
+    """A model as a link, the model box or a page names it, unchanged when it may be loaded: a
+    registry name or a hub id (owner/name) resolves under the working directory and names no
+    file elsewhere; a local directory must lie in an allowed folder. PathNotAllowed otherwise,
+    in the same words whether or not the directory exists."""
+    check_path(name)
+    return name
+
+
 def check_source(text: str) -> str:
     """A data set as typed: hub sources (hf:...) pass; names and paths must resolve inside an
     allowed folder (a bare name like 'gsm8k' resolves under the working directory)."""

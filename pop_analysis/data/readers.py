@@ -15,6 +15,10 @@ from pathlib import Path
 from pop_analysis.errors import InputError, first_line
 
 CHUNK = 1 << 16  # bytes per read of a JSON document (doubled while one value is longer)
+# The longest line (or JSON value) read: far beyond any prompt a context holds (a 1M-token context
+# at 16 characters a token), short of what would take seconds and gigabytes to tokenise.
+MAX_LINE_BYTES = 16 << 20
+MAX_TEXT_CHARS = 16 << 20  # characters of a whole text source read at most (drift by length)
 
 
 class DatasetError(InputError):
@@ -31,11 +35,15 @@ def _opened(path: Path, name: str):
         yield f
 
 
-def text_lines(path: Path, name: str | None = None):
-    """(line number, text with its newline) per line, decoded as UTF-8 one line at a time."""
+def text_lines(path: Path, name: str | None = None, max_line_bytes: int = MAX_LINE_BYTES):
+    """(line number, text with its newline) per line, decoded as UTF-8 one line at a time; a line
+    longer than max_line_bytes (its newline included) is refused before more of it is read."""
     name = name or str(path)
     with _opened(path, name) as f:
-        for n, raw in enumerate(f, start=1):
+        for n, raw in enumerate(iter(lambda: f.readline(max_line_bytes + 1), b""), start=1):
+            if len(raw) > max_line_bytes:
+                raise DatasetError(f"{name} line {n}: longer than {_size(max_line_bytes)}; no "
+                                   "prompt is that long (is it one record per line?)")
             if b"\0" in raw:
                 raise DatasetError(f"{name} line {n}: NUL bytes (binary data, not text)")
             try:
@@ -45,9 +53,20 @@ def text_lines(path: Path, name: str | None = None):
                                    "line)") from None
 
 
-def read_text(path: Path, name: str | None = None) -> str:
-    """The whole file as text (a UTF-8 error names the file and line)."""
-    return "".join(text for _, text in text_lines(path, name))
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n} bytes"
+
+
+def read_text(path: Path, name: str | None = None, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """The file as text, its first max_chars characters at most (a UTF-8 error names the file
+    and line)."""
+    parts, size = [], 0
+    for _, text in text_lines(path, name):
+        parts.append(text[:max_chars - size])
+        size += len(parts[-1])
+        if size >= max_chars:
+            break
+    return "".join(parts)
 
 
 def jsonl_records(path: Path, name: str | None = None):
@@ -207,6 +226,9 @@ class _JsonStream:
             except RecursionError:
                 raise DatasetError(f"{self.name} line {self.line()}: JSON nested too "
                                    "deeply") from None
+            if len(self.buf) - self.pos > MAX_LINE_BYTES:
+                raise DatasetError(f"{self.name} line {self.line()}: a value longer than "
+                                   f"{_size(MAX_LINE_BYTES)}; no prompt is that long")
             self._more()
 
     def items(self):

@@ -303,9 +303,12 @@ class DecoderAdapter:
     def _linear(self, i: int, like: torch.nn.Module, weight, bias) -> torch.nn.Linear:
         """A Linear shaped as `like`, holding the given weight and bias, where layer i lives."""
         shape = tuple(like.weight.shape)
-        if tuple(weight.shape) != shape or tuple(bias.shape) != shape[:1]:
-            raise ValueError(f"layer {i}: fitted map {tuple(weight.shape)} does not match the "
-                             f"projection {tuple(like.weight.shape)}")
+        if tuple(weight.shape) != shape:
+            raise ValueError(f"layer {i}: the fitted map's weight is {tuple(weight.shape)}, the "
+                             f"projection's {shape}")
+        if tuple(bias.shape) != shape[:1]:
+            raise ValueError(f"layer {i}: the fitted map's bias is {tuple(bias.shape)}, the "
+                             f"projection's output {shape[:1]}")
         lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=True,
                               device=like.weight.device, dtype=like.weight.dtype)
         with torch.no_grad():

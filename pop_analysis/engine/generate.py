@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from pop_analysis.engine.models import LoadedModel
-from pop_analysis.engine.pop import (check_prompt, check_variant, decode_drop, decode_step,
-    run_prompt)
+from pop_analysis.engine.pop import (PromptError, check_prompt, check_text, check_variant,
+                                     decode_drop, decode_step, run_prompt)
 from pop_analysis.errors import InputError
 
 
@@ -105,6 +105,11 @@ def encode(lm: LoadedModel, text: str, raw: bool = False) -> list[int]:
         raise ValueError(f"model {lm.name} has no tokenizer: give token ids instead of text")
     if not text or not text.strip():
         raise ValueError("the prompt is empty")
+    try:
+        text.encode("utf-8")  # argv holds bytes that are not UTF-8 as lone surrogates
+    except UnicodeEncodeError as e:
+        raise PromptError(f"the prompt is not UTF-8 text (character {e.start + 1})") from None
+    check_text(lm.adapter, len(text))
     if not raw and getattr(tok, "chat_template", None):
         out = tok.apply_chat_template([{"role": "user", "content": text}],
                                       add_generation_prompt=True, tokenize=True)

@@ -20,6 +20,7 @@ import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter, check_supported
 from pop_analysis.engine.hub import unreachable_reason
+from pop_analysis.engine.weights_check import weight_problems
 from pop_analysis.errors import first_line
 from pop_analysis.store.paths import cache_dir
 
@@ -264,19 +265,34 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        # Shapes that differ are reported (below), not raised as a multi-line table.
+        model, info = AutoModelForCausalLM.from_pretrained(
             source, config=config, dtype=torch_dtype, local_files_only=local,
-            trust_remote_code=trust_remote_code, device_map=device_map)
+            trust_remote_code=trust_remote_code, device_map=device_map,
+            output_loading_info=True, ignore_mismatched_sizes=True)
     except torch.OutOfMemoryError:
         raise ModelLoadError(f"out of memory loading {name} on {device} as {torch_dtype}") from None
     except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(f"cannot load weights of {name!r}: {first_line(e)}") from None
+        raise ModelLoadError(f"cannot load weights of {name!r}: {first_line(e)}"
+                             f"{damaged_hint(name)}") from None
+    wrong = weight_problems(model, info)
+    if wrong:
+        raise ModelLoadError(f"the weights in {source} are not this model's: {'; '.join(wrong)}"
+                             f"{damaged_hint(name)}")
     if device_map is None:
         model.to(device)
     model.eval()
     tokenizer = load_tokenizer(source, local, trust_remote_code)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, adapter=DecoderAdapter(model),
                        load_seconds=time.perf_counter() - t0)
+
+
+def damaged_hint(name: str) -> str:
+    """For the embedded model, what to do when its converted copy is damaged (a truncated file
+    fails the same way every time): delete the folder and it is converted again."""
+    if name not in REGISTRY:
+        return ""
+    return f"; the converted copy looks damaged: delete {converted_dir(name)} and it is converted again"
 
 
 def model_from_hf(model, tokenizer=None, name: str = "in-memory") -> LoadedModel:

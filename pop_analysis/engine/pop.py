@@ -56,6 +56,27 @@ def check_variant(variant: str) -> None:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 
+CHARS_PER_TOKEN = 16  # a text longer than this many characters per context token cannot fit
+
+
+def max_prompt_chars(adapter) -> int | None:
+    """The most characters of prompt text worth tokenising for this model (None: no context
+    limit known). Ordinary text runs about 4 characters a token; 16 leaves room for long tokens
+    (runs of spaces, repeated symbols) while a text beyond it is refused before the tokenizer
+    spends time and memory on it."""
+    limit = adapter.shape.max_positions
+    return CHARS_PER_TOKEN * limit if limit else None
+
+
+def check_text(adapter, n_chars: int, what: str = "prompt") -> None:
+    """Refuse text the context cannot hold, by its length alone (before tokenising)."""
+    most = max_prompt_chars(adapter)
+    if most is not None and n_chars > most:
+        raise PromptError(f"the {what} is {n_chars} characters, more than the model's context of "
+                          f"{adapter.shape.max_positions} tokens can hold (at most {most} "
+                          "characters are tokenised)")
+
+
 def check_prompt(adapter: DecoderAdapter, n_prompt: int, max_new_tokens: int = 0) -> None:
     if n_prompt < 1:
         raise PromptError("the prompt is empty: give at least one token")

@@ -17,6 +17,7 @@ module registers itself on import: use the wrapper command above, or import it b
 """
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 
 from lm_eval.api.model import TemplateLM
@@ -27,6 +28,7 @@ from pop_analysis.engine.generate import SamplingConfig, generate
 from pop_analysis.engine.models import DEFAULT_MODEL, LoadedModel, load_model
 from pop_analysis.engine.pop import check_variant
 from pop_analysis.engine.skipset import resolve
+from pop_analysis.errors import shown
 from pop_analysis.quality.metrics import score_continuations
 
 DEFAULT_MAX_LENGTH = 2048  # when the config states no context length
@@ -47,6 +49,18 @@ def parse_skip(n_layers: int, skip=None, skip_ratio=None, preset=None) -> tuple[
                    preset_name=preset)
 
 
+def _int_arg(name: str, value, minimum: int, maximum: int | None = None) -> int | None:
+    """A model_args integer (lm-eval passes them as text); None stays None."""
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    top = f"..{maximum}" if maximum else " or more"
+    if not (text.isascii() and text.lstrip("-").isdigit()) or len(text) > 12 or not (
+            minimum <= int(text) <= (maximum or int(text))):
+        raise PopLMError(f"model_args {name} must be an integer {minimum}{top}, got {shown(value)}")
+    return int(text)
+
+
 @register_model("pop-hf", "pop")
 class PopLM(TemplateLM):
     """A POP Lab model for lm-eval; `lm=` takes an already loaded LoadedModel (tests, notebooks)."""
@@ -59,10 +73,13 @@ class PopLM(TemplateLM):
         super().__init__()
         if unused:
             raise PopLMError(f"pop-hf does not know model_args {sorted(unused)}")
+        threads = _int_arg("threads", threads, 1, os.cpu_count() or 1)
+        max_length = _int_arg("max_length", max_length, 2)
+        max_gen_toks = _int_arg("max_gen_toks", max_gen_toks, 1)
         if threads:
             import torch
 
-            torch.set_num_threads(int(threads))
+            torch.set_num_threads(threads)
         self.lm = lm or load_model(str(pretrained), device=device, dtype=dtype,
                                    trust_remote_code=bool(trust_remote_code))
         if self.lm.tokenizer is None:

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pop_analysis.data.prompts import BUILTIN_NAME, jsonl_records, load_prompts
-from pop_analysis.data.readers import read_text
+from pop_analysis.data.readers import MAX_TEXT_CHARS, read_text
 from pop_analysis.inspection.drift import (KIND_BY_LENGTH, DriftConfig, DriftError, _check, _drift,
     _mean, _model_params, _nums, _sha)
 from pop_analysis.progress import Cancelled, Tracker
@@ -39,12 +39,15 @@ def read_texts(source: str | None) -> tuple[list[str], str]:
 
 
 def _jsonl_texts(path: Path) -> list[str]:
-    texts = []
+    texts, size = [], 0
     for where, rec in jsonl_records(path):
+        if size >= MAX_TEXT_CHARS:
+            break  # more text than any prompt of a context can use
         if not isinstance(rec, dict):
             raise DriftError(f"{path.name} {where}: expected a JSON object")
         parts = [rec[k] for k in TEXT_FIELDS if isinstance(rec.get(k), str)]
         texts.append("\n".join(parts or [v for v in rec.values() if isinstance(v, str)]))
+        size += len(texts[-1])
     if not any(t.strip() for t in texts):
         raise DriftError(f"{path.name} holds no text")
     return texts
@@ -93,9 +96,9 @@ def drift_by_length(lm, lengths: list[int], skip, cfg: DriftConfig = DriftConfig
 
 def _by_length(lm, lengths, skip, cfg: DriftConfig, texts: list[str], name: str,
                progress) -> list[dict]:
+    for n in lengths:  # every length is checked before any prompt is built
+        _check(lm.adapter, int(n), skip, cfg)
     prompts, repeated = length_prompts(lm, list(lengths), texts)
-    for ids in prompts:  # every length is checked before the first one runs
-        _check(lm.adapter, len(ids), skip, cfg)
     # A prompt step costs its prefill (weight: its tokens), a decode step about one token.
     plan = {"prompt": 2.0 * sum(lengths), "decode": 2.0 * (cfg.decode_steps - 1) * len(lengths)}
     tracker = Tracker(2 * cfg.decode_steps * len(prompts), progress, "drift by length", plan=plan)

@@ -8,6 +8,7 @@ from pathlib import Path
 from pop_analysis.data.readers import DatasetError, json_records, jsonl_records, txt_records
 from pop_analysis.engine.generate import encode
 from pop_analysis.engine.models import LoadedModel
+from pop_analysis.engine.pop import check_text
 from pop_analysis.errors import first_line
 from pop_analysis.quality.answers import gsm8k_gold
 from pop_analysis.quality.items import EvalDataError, EvalItem, EvalSet, fingerprint
@@ -69,8 +70,11 @@ def records_to_items(lm: LoadedModel, records, source: str, raw: bool = False) -
             raise EvalDataError(f"{source} record {n}: no prompt field (one of {', '.join(PROMPT_FIELDS)})")
         ref = _pick(rec, REFERENCE_FIELDS)
         gold = gsm8k_gold(ref) if ref and "####" in ref else None
+        prompt_ids = tuple(encode(lm, prompt, raw))  # refused before tokenising when too long
+        if ref:
+            check_text(lm.adapter, len(ref), "reference answer")  # bounded like a prompt
         ref_ids = tuple(lm.tokenizer(ref, add_special_tokens=False)["input_ids"]) if ref else ()
-        items.append(EvalItem(tuple(encode(lm, prompt, raw)), ref_ids, gold, prompt))
+        items.append(EvalItem(prompt_ids, ref_ids, gold, prompt))
     return items
 
 

@@ -104,6 +104,10 @@ def retrieval_items(lm: LoadedModel, cfg: RetrievalConfig = RetrievalConfig()) -
         raise RetrievalError("retrieval needs n_items >= 1, a needle depth and distractors >= 0")
     if any(not 0.0 <= d <= 1.0 for d in cfg.depths):
         raise RetrievalError(f"needle depths must lie in [0, 1], got {cfg.depths}")
+    limit = lm.adapter.shape.max_positions
+    if limit and cfg.length > limit:  # before any text is built or tokenised
+        raise RetrievalError(f"retrieval length {cfg.length} exceeds the model's context of "
+                             f"{limit} tokens")
     per_sentence = _tokens_per_sentence(lm)
     base = min_length(lm, cfg)
     if cfg.length < base + per_sentence / 2:

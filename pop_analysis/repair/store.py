@@ -111,7 +111,7 @@ def entries(lm=None, skip=None) -> list[dict]:
     return out
 
 
-def listing(lm=None, skip=None) -> list[dict]:
+def listing(lm=None, skip=None, notice=None) -> list[dict]:
     """One row per stored repair (newest first; `lm` / `skip` filter as in `entries`): what it
     was fitted on, how long it took, the last skipped layer's R^2 of plain POP's projection and
     of the fitted map, and the bytes of its maps in float32 (from the sidecar; the maps are not
@@ -119,7 +119,12 @@ def listing(lm=None, skip=None) -> list[dict]:
     rows = []
     for e in entries(lm, skip):
         p = e["params"]
-        payload = store.load(KIND, e["key"]) or {}
+        payload = store.load(KIND, e["key"])
+        reason = "its record is unreadable" if payload is None else unusable(e["key"], p)
+        if reason:
+            (notice or store.warn)(f"stored repair {e['key']} not listed: {reason} (delete it, "
+                                   "or fit again)")
+            continue
         info, model = payload.get("info", {}), p.get("model", {})
         last = info.get("fit", {}).get(str((p.get("skip") or [None])[-1]), {})
         per_map = model.get("kv_dim", 0) * (model.get("hidden", 0) + 1)  # weight and bias
@@ -130,6 +135,22 @@ def listing(lm=None, skip=None) -> list[dict]:
                                        for q in "kv"},
                      "repair_bytes": 2 * len(p.get("skip") or []) * per_map * 4})
     return rows
+
+
+def unusable(key: str, params: dict) -> str | None:
+    """Why a stored repair's maps file cannot be used, from its header alone; None when it can."""
+    from safetensors import safe_open
+
+    path = _path(key)
+    if path is None or not path.is_file():
+        return "its maps file is missing"
+    want = {f"{i}.{n}.{q}" for i in params.get("skip") or [] for n in "kv" for q in ("weight", "bias")}
+    try:
+        with safe_open(str(path), "pt") as f:
+            have = set(f.keys())
+    except Exception as e:  # noqa: BLE001 - any damage reads as one reason
+        return f"its maps file is damaged ({first_line(e)})"
+    return None if have == want else "its maps file does not cover its skip set"
 
 
 def check_compatible(lm, rep: Repair, skip=None) -> None:
@@ -146,21 +167,62 @@ def check_compatible(lm, rep: Repair, skip=None) -> None:
 
 
 def attach(lm, rep: Repair, skip=None) -> Repair:
-    """Register the repair's maps on the model for its skip set (pop_repair then uses them)."""
+    """Register the repair's maps on the model for its skip set (pop_repair then uses them),
+    once their shapes fit the model and their scale is sane."""
     check_compatible(lm, rep, skip)
-    lm.adapter.register_kv_maps(rep.skip, rep.maps(), rep.key)
+    try:
+        built = lm.adapter.register_kv_maps(rep.skip, rep.maps(), rep.key)
+    except ValueError as e:
+        raise RepairError(f"repair {rep.key or '(unsaved)'} does not fit this model: {e}") from None
+    try:
+        check_scale(lm, rep, built)
+    except RepairError:
+        lm.adapter.kv_maps.pop(tuple(rep.skip), None)
+        raise
     return rep
 
 
+SCALE_BOUND = 1e3  # a map whose outputs differ from the layer's own projection's by more is broken
+SCALE_TOKENS = 16  # embedding rows the two are compared on
+
+
+@torch.no_grad()
+def check_scale(lm, rep: Repair, built) -> None:
+    """The maps' output norm on a few tokens against the layer's own projection: finite maps of
+    an absurd scale (x1e30) would give empty answers with exit code 0."""
+    a = lm.adapter
+    emb = a.base.embed_tokens.weight[:SCALE_TOKENS]  # (T, D)
+    for i, (k_map, v_map) in built.maps.items():
+        for name, fitted, own in (("k", k_map, a.k_proj(i)), ("v", v_map, a.v_proj(i))):
+            x = emb.to(own.weight.device, own.weight.dtype)  # (T, D)
+            ratio = (fitted(x).float().norm() / own(x).float().norm().clamp_min(1e-12)).item()
+            if not (1 / SCALE_BOUND <= ratio <= SCALE_BOUND):
+                raise RepairError(f"repair {rep.key or '(unsaved)'}: map {i}.{name} gives outputs "
+                                  f"{ratio:.3g} times the layer's own projection on {len(x)} "
+                                  "tokens; delete it and fit again")
+
+
 def fit_and_store(lm, skip, cfg: RepairConfig = RepairConfig(), progress=None,
-                  use_cache: bool = True) -> tuple[Repair, bool]:
-    """(repair, was_stored): the stored repair for these settings and data, or fit and store."""
+                  use_cache: bool = True, notice=None) -> tuple[Repair, bool]:
+    """(repair, was_stored): the stored repair for these settings and data, or fit and store.
+    A store that cannot be written costs only the storing: notice(line) hears it (default: a
+    StoreWarning) and the fitted repair is returned all the same."""
     skip = check_block(skip, lm.adapter.n_layers)
     data = calibration(lm, cfg)
     key = store.make_key(_params(model_identity(lm), skip, data.fingerprint, cfg))
     if use_cache and store.load(KIND, key) is not None and _path(key).is_file():  # a full entry
-        return load(key), True
-    return save(fit_repair(lm, skip, cfg, progress, data)), False
+        try:
+            return load(key), True
+        except RepairError as e:
+            (notice or store.warn)(f"{e}; fitting it again")
+    rep = fit_repair(lm, skip, cfg, progress, data)
+    try:
+        return save(rep), False
+    except OSError as e:  # the fit is kept for this run: a cache that cannot be written costs
+        rep.key = key  # only the caching, as for every other result
+        (notice or store.warn)(f"repair {key} not stored under {store.results_dir(KIND)} "
+                               f"({e.strerror or first_line(e)}); it is used for this run only")
+        return rep, False
 
 
 def ensure(lm, skip, spec="auto", progress=None) -> Repair:
@@ -170,10 +232,12 @@ def ensure(lm, skip, spec="auto", progress=None) -> Repair:
     if isinstance(spec, RepairConfig):
         return attach(lm, fit_and_store(lm, skip, spec, progress)[0], skip)
     if spec == "auto":
-        found = entries(lm, skip)
-        rep = load(found[0]["key"]) if found else fit_and_store(lm, skip, RepairConfig(),
-                                                                 progress)[0]
-        return attach(lm, rep, skip)
+        for entry in entries(lm, skip):  # newest first; an unusable one is passed over
+            try:
+                return attach(lm, load(entry["key"]), skip)
+            except RepairError as e:
+                store.warn(f"{e}; trying the next one, else fitting a new one")
+        return attach(lm, fit_and_store(lm, skip, RepairConfig(), progress)[0], skip)
     return attach(lm, load(str(spec)), skip)
 
 
