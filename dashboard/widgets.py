@@ -104,6 +104,16 @@ def model_or_stop():
     return lm
 
 
+def raw_box(where, lm, key: str) -> bool:
+    """The "Raw (no chat template)" box; ticked and fixed for a model without a chat template
+    (a base model such as Gemma-3-270M), whose prompts always go in as written."""
+    if getattr(lm.tokenizer, "chat_template", None):
+        return where.checkbox("Raw (no chat template)", key=state.kept(key, False))
+    where.checkbox("Raw (no chat template)", value=True, disabled=True, key=f"{key}.fixed",
+                   help=f"{lm.name} has no chat template: prompts go in as written")
+    return True
+
+
 def run_lock():
     """The shared model's run lock (one run at a time across sessions)."""
     return locked(*state.model_spec().key,
