@@ -1,0 +1,57 @@
+"""The dashboard on the embedded Gemma-3-270M, chosen in the sidebar beside SmolLM2: its model
+card, a calibration, the adaptive skip set from its scores, and Generate on a raw prompt."""
+import re
+
+from apptest_util import app, charts, goto, temp_store, texts, wait_jobs  # noqa: F401 (fixture)
+
+LABEL = "Embedded (Gemma-3-270M, offline)"
+
+
+def gemma_app():
+    at = app()
+    at.radio(key="w.model_source").set_value(LABEL)
+    at.sidebar.button[0].click().run()  # the form's submit button
+    assert not at.exception and not at.sidebar.error, texts(at.sidebar.error)
+    assert at.session_state["lab.model"].name == "gemma3-270m"
+    return at
+
+
+def test_gemma_is_offered_with_its_card_and_its_own_skip_set():
+    at = gemma_app()
+    assert "Embedded (SmolLM2-135M, offline)" in at.radio(key="w.model_source").options
+    assert "gemma3-270m" in texts(at.sidebar.caption) and "18 layers" in texts(at.sidebar.caption)
+    assert "Skip set:** 12-17" in texts(at.sidebar.markdown)  # the last third of 18 layers
+    card = {r["field"]: r["value"] for r in at.dataframe[0].value.to_dict("records")}
+    assert card["architecture"] == "Gemma3ForCausalLM" and "Gemma Terms" in card["licence"]
+    assert "de-quantised" in card["weights"] and "Q4_K_M" in card["weights"]
+
+
+def test_calibrate_then_adaptive_skip_set_then_generate_on_gemma():
+    at = goto(gemma_app(), "calibrate")
+    at.number_input(key="cal.n").set_value(2)
+    at.number_input(key="cal.len").set_value(6)
+    wait_jobs(at.button(key="cal.go").click().run())
+    assert not at.exception and not at.error, texts(at.error)
+    res = at.session_state["lab.calibration"]
+    assert res.model == "gemma3-270m" and len(res.prefill) == len(res.decode) == 18
+    assert len(charts(at)) == 1, "the importance chart"
+    goto(at, "skip_set")
+    at.button(key="skipset.adaptive").click().run()
+    skip = at.session_state["lab.skip"]
+    lowest = sorted(range(18), key=lambda i: (res.prefill[i], -i))[:6]  # as many as before
+    assert skip == tuple(sorted(lowest)), (skip, res.prefill)
+    goto(at, "generate")
+    raw = at.checkbox(key="gen.raw.fixed")
+    assert raw.value and raw.disabled, "no chat template: the prompt goes in as written"
+    at.text_area(key="gen.prompt").set_value("The capital of France is")
+    at.number_input(key="gen.max_new").set_value(6)
+    at.button(key="gen.go").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    gen = at.session_state["lab.generation"]
+    assert 1 <= len(gen["full"]["token_ids"]) <= 6 and gen["other"]["token_ids"]
+    counts = gen["other"]["counts"]
+    for i in range(18):
+        assert counts["prefill"]["attention"][i] == (0 if i in skip else 1), i
+        assert counts["prefill"]["k_proj"][i] == 1, i
+    assert re.fullmatch(r"\d+\.\d\d× / \d+\.\d\d×", {m.label: m.value for m in at.metric}[
+        "Ideal: FLOPs / roofline"])
