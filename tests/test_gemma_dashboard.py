@@ -1,5 +1,6 @@
 """The dashboard on the embedded Gemma-3-270M, chosen in the sidebar beside SmolLM2: its model
 card, a calibration, the adaptive skip set from its scores, and Generate on a raw prompt."""
+import json
 import re
 
 from apptest_util import app, charts, goto, temp_store, texts, wait_jobs  # noqa: F401 (fixture)
@@ -55,3 +56,40 @@ def test_calibrate_then_adaptive_skip_set_then_generate_on_gemma():
         assert counts["prefill"]["k_proj"][i] == 1, i
     assert re.fullmatch(r"\d+\.\d\d× / \d+\.\d\d×", {m.label: m.value for m in at.metric}[
         "Ideal: FLOPs / roofline"])
+
+
+def test_the_same_chart_for_both_embedded_models_in_one_click(embedded, gemma):
+    """Calibrations and ratio sweeps of both models in the store (as the CLI leaves them): one
+    click draws both models' importance on a relative depth axis, one overlays the other model's
+    sweep on the shown one."""
+    from pop_analysis.data.prompts import load_prompts
+    from pop_analysis.experiments import sweep as sw
+    from pop_analysis.importance.calibrate import CalibrationConfig, cached_calibration
+
+    prompts = load_prompts("builtin", limit=2)
+    cfg = sw.SweepConfig(dataset="builtin", n_samples=1, ratios=(0.0, 0.33), max_new_tokens=2,
+                         repeats=1, bench_tokens=16)
+    for lm in (embedded, gemma):
+        cached_calibration(lm, prompts, CalibrationConfig(n_samples=2, max_new_tokens=4))
+        stored, _ = sw.cached_sweep(lm, "ratio", cfg)
+    at = goto(app(), "calibrate")
+    at.button(key="cal.models").click().run()
+    assert not at.exception and "No stored calibration of" not in texts(at.info), texts(at.info)
+    traces = json.loads(charts(at)[-1].proto.spec)["data"]
+    by_model = {t["name"]: t["x"] for t in traces if t.get("name", "").endswith("· decode")}
+    assert sorted(len(x) for x in by_model.values()) == [18, 30], by_model.keys()
+    assert all(x[0] == 0 and x[-1] == 1 for x in by_model.values()), "relative depth 0..1"
+    goto(at, "sweeps")
+    at.selectbox(key="sw.stored").set_value(newest_key(at, "gemma3-270m")).run()
+    at.button(key="sw.load").click().run()
+    assert at.session_state["lab.sweep"].model == "gemma3-270m"
+    at.button(key="sw.models").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["sw.overlay"] == [newest_key(at, "smollm2-135m")]
+    assert "Overlaid: 1 stored sweep(s)" in texts(at.caption)
+
+
+def newest_key(at, model: str) -> str:
+    from pop_analysis.store import results as store
+
+    return next(e["key"] for e in store.entries("sweep") if e["params"]["model"] == model)
