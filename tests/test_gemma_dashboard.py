@@ -56,6 +56,15 @@ def test_calibrate_then_adaptive_skip_set_then_generate_on_gemma():
         assert counts["prefill"]["k_proj"][i] == 1, i
     assert re.fullmatch(r"\d+\.\d\d× / \d+\.\d\d×", {m.label: m.value for m in at.metric}[
         "Ideal: FLOPs / roofline"])
+    # the session report covers both results of the Gemma session
+    from dashboard import report
+
+    keys = ("lab.calibration", "lab.generation")
+    page = report.build({"model": "gemma3-270m", "skip": skip,
+                         "results": {k: at.session_state[k] for k in keys},
+                         "context": {k: {"model": "gemma3-270m"} for k in keys}})
+    assert "model gemma3-270m" in page and "<h2>Calibration: built-in prompts, 2 samples" in page
+    assert "<h2>Generation: full model vs" in page and page.count("plotly.js") >= 1
 
 
 def test_the_same_chart_for_both_embedded_models_in_one_click(embedded, gemma):
