@@ -12,11 +12,12 @@ import streamlit as st
 
 from dashboard import state
 from pop_analysis.data.allowed_paths import PathNotAllowed, check_model
-from pop_analysis.engine.models import DEFAULT_MODEL
+from pop_analysis.engine.models import REGISTRY
 from pop_analysis.engine.skipset import SkipSetError, describe, parse_layers
 
-SOURCE_KEYS = {"embedded": "Embedded (SmolLM2-135M, offline)", "hub": "Hugging Face hub id",
-               "local": "Local directory"}  # the sidebar form's radio labels
+# the sidebar form's radio labels: one per embedded model (by registry name), hub, local
+SOURCE_KEYS = {**{name: f"Embedded ({e.short}, offline)" for name, e in REGISTRY.items()},
+               "hub": "Hugging Face hub id", "local": "Local directory"}
 
 
 def skip_text(skip) -> str:
@@ -55,8 +56,8 @@ def apply_link() -> None:
 
 
 def _fill_model_form(spec: state.ModelSpec) -> None:
-    if spec.name == DEFAULT_MODEL:
-        source = "embedded"
+    if spec.name in REGISTRY:
+        source = spec.name
     else:
         source = "local" if os.path.isdir(spec.name) or spec.name.startswith(("/", ".")) else "hub"
         st.session_state["w.model_name"] = spec.name

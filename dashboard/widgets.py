@@ -9,13 +9,14 @@ from pathlib import Path
 import streamlit as st
 
 from dashboard import state
+from dashboard.links import SOURCE_KEYS
 from dashboard.resources import load_log, locked, memory_in_use, shared_model, unload_models
 from pop_analysis.data.allowed_paths import check_model
-from pop_analysis.engine.models import DEFAULT_MODEL, ModelLoadError
+from pop_analysis.engine.models import REGISTRY, ModelLoadError
 from pop_analysis.store.paths import cache_dir
 
-SOURCES = {"Embedded (SmolLM2-135M, offline)": "embedded", "Hugging Face hub id": "hub",
-           "Local directory": "local"}
+# radio label -> a registry name (an embedded model) or "hub" / "local"
+SOURCES = {label: key for key, label in SOURCE_KEYS.items()}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -28,12 +29,11 @@ def _devices() -> list[str]:
 
 
 def _spec_from_form(source: str, name: str, device: str, dtype: str) -> state.ModelSpec:
-    if SOURCES[source] == "embedded":
-        name = DEFAULT_MODEL
-    name = name.strip()
+    embedded = SOURCES[source] in REGISTRY
+    name = SOURCES[source] if embedded else name.strip()
     if not name:
         raise ModelLoadError("give a hub id (owner/name) or a local directory")
-    if SOURCES[source] != "embedded":
+    if not embedded:
         check_model(name)  # outside the allowed folders: refused unread (a hub id resolves in cwd)
     return state.ModelSpec(name, None if device == "auto" else device, None if dtype == "auto" else dtype)
 
@@ -44,7 +44,7 @@ def model_form() -> None:
         source = st.radio("Model", list(SOURCES), key="w.model_source")
         name = st.text_input("Hub id or directory", key="w.model_name",
                              placeholder="Qwen/Qwen3-0.6B or /path/to/model",
-                             disabled=False, help="ignored for the embedded model")
+                             disabled=False, help="ignored for the embedded models")
         c1, c2 = st.columns(2)
         device = c1.selectbox("Device", _devices(), key="w.device")
         dtype = c2.selectbox("dtype", DTYPES, key="w.dtype")
@@ -106,6 +106,16 @@ def model_or_stop():
         st.info("No model is loaded. Load one in the sidebar to use this page.")
         st.stop()
     return lm
+
+
+def raw_box(where, lm, key: str) -> bool:
+    """The "Raw (no chat template)" box; ticked and fixed for a model without a chat template
+    (a base model such as Gemma-3-270M), whose prompts always go in as written."""
+    if getattr(lm.tokenizer, "chat_template", None):
+        return where.checkbox("Raw (no chat template)", key=state.kept(key, False))
+    where.checkbox("Raw (no chat template)", value=True, disabled=True, key=f"{key}.fixed",
+                   help=f"{lm.name} has no chat template: prompts go in as written")
+    return True
 
 
 def run_lock():

@@ -1,7 +1,8 @@
 """Calibrate: stage-aware layer importance (prefill vs decode) from virtual gates."""
 import streamlit as st
 
-from dashboard import charts, data, exports, jobs, state, widgets
+from dashboard import charts, data, exports, jobs, model_compare, state, widgets
+from dashboard.compare_charts import importance_by_depth
 from pop_analysis.data.prompts import DatasetError
 from pop_analysis.errors import first_line
 from pop_analysis.importance import calibrate as cal
@@ -66,6 +67,16 @@ if entries:
                 st.error("That entry is missing or unreadable; run the calibration again.")
             else:
                 state.keep_result(state.CALIBRATION, res, {"stored": labels[key]})
+        st.button("Same chart for both embedded models", key="cal.models",
+                  on_click=lambda: st.session_state.update({model_compare.MODELS_SHOWN: True}),
+                  help="the newest stored calibration of each, on a relative depth axis")
+if st.session_state.get(model_compare.MODELS_SHOWN):
+    curves, missing = model_compare.calibration_curves(entries)
+    if curves:
+        share = st.toggle("As a share of each model's decode importance", key="cal.share", value=True)
+        st.plotly_chart(importance_by_depth(curves, share), key="cal.models_chart")
+    if missing:
+        st.info(f"No stored calibration of {', '.join(missing)} yet: load it in the sidebar and run one.")
 
 res = st.session_state.get(state.CALIBRATION)
 if res is None:

@@ -48,7 +48,7 @@ with st.container(border=True):
                             "(Skip set page)")
     c = st.columns(3, vertical_alignment="bottom")
     steps = c[0].number_input("Decode steps compared", 1, 64, key=state.kept("drift.steps", 8))
-    raw = c[1].checkbox("Raw (no chat template)", key=state.kept("drift.raw", False))
+    raw = widgets.raw_box(c[1], lm, "drift.raw")
     go = c[2].button("Measure drift", type="primary", key="drift.go",
                      disabled=jobs.running("drift"))
     cfg = dr.DriftConfig(decode_steps=int(steps))

@@ -43,7 +43,7 @@ variant = c[0].selectbox("Compare the full model with", offered, format_func=VAR
 mode = c[1].radio("Decoding", ("greedy", "sampling"), key=state.kept("gen.mode", "greedy"),
                   horizontal=True)
 max_new = c[2].number_input("New tokens", 1, 512, key=state.kept("gen.max_new", 32))
-raw = c[3].checkbox("Raw (no chat template)", key=state.kept("gen.raw", False))
+raw = widgets.raw_box(c[3], lm, "gen.raw")
 temperature, top_p, seed = 0.0, 1.0, 0
 if mode == "sampling":
     s = st.columns(3)

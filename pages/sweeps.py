@@ -3,7 +3,8 @@ import datetime
 
 import streamlit as st
 
-from dashboard import data, exports, jobs, repair_panel, speed, state, sweep_charts, widgets
+from dashboard import (data, exports, jobs, model_compare, repair_panel, speed, state, sweep_charts,
+                       widgets)
 from dashboard.compare_charts import overlay_sweeps
 from pop_analysis.data.allowed_paths import check_source
 from pop_analysis.errors import first_line
@@ -75,6 +76,10 @@ if entries:
     st.multiselect("Overlay stored sweeps of the same kind on the chart", list(by_key),
                    format_func=label_of, key=state.kept("sw.overlay", [], list(by_key)),
                    max_selections=6)
+    st.button("Same chart for both embedded models", key="sw.models", args=(entries,),
+              on_click=model_compare.overlay_other_models, disabled=state.SWEEP not in st.session_state,
+              help="overlay the newest stored sweep of this kind of the other embedded model")
+    state.show_flash()
 
 res = st.session_state.get(state.SWEEP)
 if res is None:

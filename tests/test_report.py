@@ -7,6 +7,7 @@ import pytest
 from pop_analysis import cli
 from pop_analysis.engine.models import model_from_hf
 from pop_analysis.experiments.report_checks import ablation_findings, ratio_findings
+from pop_analysis.experiments.report_doc import place, slug
 from tiny import tiny_model
 
 TINY_ARGS = ["--device", "cpu", "--n", "2", "--length-n", "2", "--mc-n", "2", "--lengths", "160",
@@ -45,8 +46,10 @@ def test_report_command_writes_tables_plots_and_verdicts(model_dir, cache, tmp_p
     for variant in ("POP (last 1/3)", "shallow pruning", "w/o independent KV", "static removal"):
         assert variant in text
     assert "[" in text and "n = 2 per cell" in text and "Not computed yet" not in text
+    figs = tmp_path / "docs" / "repro" / slug(str(model_dir))
     for png in ("table3.png", "table4.png"):
-        assert (tmp_path / "docs" / "repro" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (figs / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"](repro/{figs.name}/{png})" in text
     # the cache holds every part: rendering again computes nothing and gives the same tables
     out.unlink()
     assert cli.main(["report", "--model", str(model_dir), *TINY_ARGS, "--render-only", "--out",
@@ -63,6 +66,20 @@ def test_report_renders_what_is_cached_and_names_the_rest(model_dir, cache, tmp_
     assert seconds["table3"] is not None and seconds["table4"] is None
     text = out.read_text()
     assert "## Table 3" in text and "## Table 4" not in text and "Not computed yet: table3_retrieval" in text
+
+
+def test_each_model_renders_only_its_own_section(tmp_path):
+    out = tmp_path / "reproduction.md"
+    out.write_text(place(out, "model-a", ["# A's report", "", "## Table 3", "a1"]))
+    out.write_text(place(out, "model-b", ["# B's report", "b1"]))
+    first = out.read_text()
+    assert first.startswith("# Reproducing the paper's findings\n")
+    assert first.index("## A's report") < first.index("### Table 3") < first.index("## B's report")
+    out.write_text(place(out, "model-a", ["# A's report", "a2"]))  # A again: B's section kept
+    text = out.read_text()
+    assert "a2" in text and "a1" not in text and "### Table 3" not in text and "b1" in text
+    assert text.index("a2") < text.index("b1"), "a section keeps its place"
+    assert slug("/tmp/x y/model") == "tmp_x_y_model" and slug("gemma3-270m") == "gemma3-270m"
 
 
 @pytest.mark.parametrize("argv, message", [(["--parts", "table5"], "unknown report part"),

@@ -1,4 +1,5 @@
 """The op model behind both ideals, the roofline arithmetic, and the cached machine rates."""
+import dataclasses
 import math
 
 import pytest
@@ -6,7 +7,8 @@ import pytest
 from pop_analysis.engine.adapter import Shape
 from pop_analysis.speed.flops import ideal_speedup, prefill_flop_share
 from pop_analysis.speed.machine import Rates, machine_rates
-from pop_analysis.speed.roofline import PATHS, breakdown, prefill_ops, roofline_speedup, total_flops
+from pop_analysis.speed.roofline import (PATHS, attention_span, breakdown, prefill_ops,
+                                         roofline_speedup, total_flops)
 
 SMOL = Shape(n_layers=30, hidden=576, n_heads=9, n_kv_heads=3, head_dim=64, intermediate=1536,
              vocab=49152, max_positions=8192)
@@ -108,3 +110,35 @@ def test_machine_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
     (tmp_path / "machine" / "rates.json").write_text("{not json")
     monkeypatch.setattr(machine, "matmul_rate", lambda dev, dt, shape, rows: 2e9)
     assert machine_rates("cpu", torch.float32, 2, (64, 128)).flops_at(1) == 2e9, "corrupt: remeasure"
+
+
+# Gemma-3-270M: five local layers (window 512) then one global, q/k norms, normed branches.
+GEMMA = Shape(n_layers=18, hidden=640, n_heads=4, n_kv_heads=1, head_dim=256, intermediate=2048,
+              vocab=262144, max_positions=32768, qk_norm=True, branch_norms=True,
+              windows=tuple(None if i % 6 == 5 else 512 for i in range(18)))
+
+
+def test_sliding_window_spans_equal_a_count_of_the_attended_keys():
+    s = dataclasses.replace(GEMMA, windows=(5,) * 18)
+    for past in range(12):
+        for tokens in range(1, 12):
+            queries = range(past + 1, past + tokens + 1)
+            seen = [range(max(1, t - 4), t + 1) for t in queries]  # distance < W, itself included
+            assert attention_span(s, 0, past, tokens) == (sum(map(len, seen)),
+                                                          len(set().union(*seen)))
+    assert attention_span(GEMMA, 5, 2047, 1) == (2048, 2048), "a global layer sees every key"
+
+
+def test_gemma_counts_its_window_norms_and_large_lm_head():
+    ops = {o.name: o for o in prefill_ops(GEMMA, 2048)}
+    local, glob = ops["L0.attention"], ops["L5.attention"]
+    assert local.flops == 4 * 1024 * (512 * 513 // 2 + (2048 - 512) * 512)
+    assert glob.flops == 4 * 1024 * 2048 * 2049 // 2
+    assert {"L0.q_norm", "L0.k_norm", "L0.post_attn_norm", "L0.post_ffn_norm"} <= set(ops)
+    assert ops["lm_head"].flops == 2 * 640 * 262144, "one token through a 262k x 640 weight"
+    skipped = [o.name for o in prefill_ops(GEMMA, 64, range(12, 18), "pop") if o.name.startswith("L12.")]
+    # the prompt's K/V projection norms k only; the boundary step runs the layer in full
+    assert skipped.count("L12.k_norm") == 2 and skipped.count("L12.q_norm") == 1
+    # the window caps local attention, so the full model gains less from long prompts
+    assert ideal_speedup(GEMMA, 2048, range(12, 18)) < \
+        ideal_speedup(dataclasses.replace(GEMMA, windows=()), 2048, range(12, 18))

@@ -85,6 +85,13 @@ class Shape:
     intermediate: int  # FFN width
     vocab: int  # lm_head rows
     max_positions: int  # context window
+    windows: tuple = ()  # per layer: sliding window W (keys a query attends) or None; () = none
+    qk_norm: bool = False  # q and k normed per head (Qwen3, Gemma-3)
+    branch_norms: bool = False  # attention and FFN outputs normed before the residual (Gemma)
+
+    def record(self) -> dict:
+        """As stored in a result (JSON types: the windows as a list)."""
+        return {f: getattr(self, f) for f in self.__dataclass_fields__} | {"windows": list(self.windows)}
 
 
 class DecoderAdapter:
@@ -134,6 +141,9 @@ class DecoderAdapter:
             intermediate=c.intermediate_size,
             vocab=c.vocab_size,
             max_positions=getattr(c, "max_position_embeddings", 0) or 0,
+            windows=tuple(self.windows) if any(w is not None for w in self.windows) else (),
+            qk_norm=self.has_k_norm,
+            branch_norms=self.family == "gemma",
         )
 
     @property

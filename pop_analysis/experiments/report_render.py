@@ -8,6 +8,7 @@ from pop_analysis.engine.skipset import describe
 from pop_analysis.experiments.paper import PAPER_TABLES
 from pop_analysis.experiments.report import PARTS, ReportConfig
 from pop_analysis.experiments.report_checks import findings
+from pop_analysis.experiments.report_doc import place, slug
 from pop_analysis.quality.summary import delta_text
 
 NAMES = {"full": "full model", "pop": "POP (last 1/3)", "shallow": "shallow pruning",
@@ -123,11 +124,13 @@ def conditions(results: dict) -> list[str]:
 
 
 def write_report(results: dict, cfg: ReportConfig, model: str, out: Path, command: str) -> Path:
-    """docs-style Markdown at `out` (e.g. docs/reproduction.md) and its PNGs beside it."""
+    """The model's section of the docs-style Markdown at `out` (e.g. docs/reproduction.md; other
+    models' sections are kept) and its PNGs in a folder beside it, one sub-folder per model."""
     from pop_analysis.experiments.report_plots import plot_table3, plot_table4
 
-    figs = out.with_suffix("")
+    figs = out.with_suffix("") / slug(model)
     figs.mkdir(parents=True, exist_ok=True)
+    rel = f"{out.stem}/{figs.name}"  # the figures as the document links them
     t3, t3r, t4, t4r = (results.get(p) for p in ("table3", "table3_retrieval", "table4",
                                                  "table4_retrieval"))
     L = cfg.retrieval_length
@@ -149,11 +152,11 @@ def write_report(results: dict, cfg: ReportConfig, model: str, out: Path, comman
     md += [f"- {line}" for line in findings(results)] + [""]
     if t3:
         md += [f"## Table 3: design ablations (n = {cfg.n} per cell)", "", *table3(t3, t3r, L), ""]
-        md += [f"![Table 3]({figs.name}/table3.png)", ""]
+        md += [f"![Table 3]({rel}/table3.png)", ""]
         plot_table3(t3, t3r, figs / "table3.png")
     if t4:
         md += [f"## Table 4: pruning ratio (n = {cfg.n} per cell)", "", *table4(t4, t4r, L), ""]
-        md += [f"![Table 4]({figs.name}/table4.png)", ""]
+        md += [f"![Table 4]({rel}/table4.png)", ""]
         plot_table4(t4, t4r, figs / "table4.png")
     if results.get("length"):
         md += ["## Retrieval: the full model's own score beside POP's", "",
@@ -167,5 +170,5 @@ def write_report(results: dict, cfg: ReportConfig, model: str, out: Path, comman
     missing = [p for p in PARTS if results.get(p) is None]
     if missing:
         md += [f"Not computed yet: {', '.join(missing)}.", ""]
-    out.write_text("\n".join(md), encoding="utf-8")
+    out.write_text(place(out, model, md), encoding="utf-8")
     return out

@@ -336,7 +336,7 @@ def _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_
         block_influence={"prefill": grads["bi_prefill"].double().mean(0).tolist(),
                          "decode": grads["bi_decode"].double().mean(0).tolist()},
         loo=loo_out, rank_corr=corr, seconds=seconds, samples_per_s=n / seconds if seconds else 0.0,
-        config=dataclasses.asdict(cfg), shape=dataclasses.asdict(lm.adapter.shape),
+        config=dataclasses.asdict(cfg), shape=lm.adapter.shape.record(),
         fingerprint=fingerprint, prompt_tokens=[len(p) for p in prompt_ids],
         response_tokens=[len(r) for r in responses], loss=grads["loss"].double().tolist(),
         loo_taylor=taylor)

@@ -85,9 +85,11 @@ def _tail_run(layers: list[int], L: int) -> list[int]:
 
 def _suggestion(result, name: str, layers, description: str) -> Suggestion:
     layers = tuple(sorted(int(i) for i in layers))
-    names = {f.name for f in dataclasses.fields(Shape)}
-    if result.shape and names <= set(result.shape):
-        shape = Shape(**{k: result.shape[k] for k in names})
+    fields = dataclasses.fields(Shape)
+    needed = {f.name for f in fields if f.default is dataclasses.MISSING}
+    if result.shape and needed <= set(result.shape):  # older results lack the later fields
+        given = {f.name: result.shape[f.name] for f in fields if f.name in result.shape}
+        shape = Shape(**{**given, "windows": tuple(given.get("windows") or ())})
         speed = ideal_speedup(shape, SPEEDUP_LENGTH, layers)
     else:  # no usable shape stored: the layer-count ratio, as the paper quotes it
         speed = result.n_layers / (result.n_layers - len(layers))

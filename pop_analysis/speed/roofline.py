@@ -12,8 +12,9 @@ One op list per path (full, pop and its ablations) follows pop.py's layer loop:
 Bytes are the compulsory traffic of an ideal implementation: each weight read once per op, the
 op's activations read and written once, K/V written once into the cache (appending, no copy) and
 read by attention. Elementwise work (norms, RoPE, SiLU * up, residual adds) moves bytes but counts
-no FLOPs, as in the usual matmul-only FLOP count. Llama layout; Gemma's extra norms and sliding
-windows are left out (small, and the same in both paths).
+no FLOPs, as in the usual matmul-only FLOP count. Per model: a sliding-window layer (Gemma's local
+layers) attends to at most W keys per query, so its attention FLOPs and K/V reads stop growing
+past W tokens; q/k norms and Gemma's norms of each branch output add elementwise passes.
 
 roofline time of an op = max(FLOPs / matmul rate, bytes / memory bandwidth) with the machine's
 measured rates (machine.py); the matmul rate is the one this machine's kernels reach at the op's
@@ -58,6 +59,24 @@ def _elementwise(name, elements_moved, b) -> Op:
     return Op(name, 0.0, b * elements_moved)
 
 
+def window(s: Shape, i: int) -> int | None:
+    """Layer i's sliding window (keys one query attends to), None for global attention."""
+    return s.windows[i] if s.windows else None
+
+
+def attention_span(s: Shape, i: int, past: int, tokens: int) -> tuple[int, int]:
+    """(ctx_sum, keys) of layer i for `tokens` queries after `past` cached positions: the keys
+    the queries attend to, summed (a query at position t sees min(t, W) of them), and the keys
+    read at least once."""
+    lo, hi = past + 1, past + tokens  # 1-indexed positions of the queries
+    w = window(s, i)
+    if w is None or hi <= w:
+        return (lo + hi) * tokens // 2, hi
+    rising = max(0, w - lo + 1)  # queries still inside the first window
+    ramp = (lo + w) * rising // 2 if rising else 0
+    return ramp + (tokens - rising) * w, min(hi, w + tokens - 1)
+
+
 def layer_ops(s: Shape, i: int, tokens: int, ctx_sum: int, keys: int, b: int = 4,
               batch: int = 1) -> list[Op]:
     """Layer i in full over `tokens` new tokens per row whose attention spans add up to ctx_sum
@@ -70,27 +89,43 @@ def layer_ops(s: Shape, i: int, tokens: int, ctx_sum: int, keys: int, b: int = 4
         _linear(p + "q_proj", rows, d, dq, b),
         _linear(p + "k_proj", rows, d, dkv, b),
         _linear(p + "v_proj", rows, d, dkv, b),
+        *_qk_norms(s, p, rows, dq, dkv, b),
         _elementwise(p + "rope", 2 * rows * (dq + dkv), b),
         _elementwise(p + "kv_write", 2 * rows * dkv, b),
         Op(p + "attention", 4.0 * batch * dq * ctx_sum,
            b * batch * (2 * tokens * dq + 2 * keys * dkv), rows),
         _linear(p + "o_proj", rows, dq, d, b),
+        *_branch_norm(s, p + "post_attn_norm", rows, d, b),
         _elementwise(p + "residual1", 3 * rows * d, b),
         _elementwise(p + "norm2", 2 * rows * d, b),
         _linear(p + "gate_proj", rows, d, ff, b),
         _linear(p + "up_proj", rows, d, ff, b),
         _elementwise(p + "act_mul", 3 * rows * ff, b),
         _linear(p + "down_proj", rows, ff, d, b),
+        *_branch_norm(s, p + "post_ffn_norm", rows, d, b),
         _elementwise(p + "residual2", 3 * rows * d, b),
     ]
 
 
+def _qk_norms(s: Shape, p: str, rows: int, dq: int, dkv: int, b: int, q: bool = True) -> list[Op]:
+    if not s.qk_norm:
+        return []
+    return ([_elementwise(p + "q_norm", 2 * rows * dq, b)] if q else []) + \
+        [_elementwise(p + "k_norm", 2 * rows * dkv, b)]
+
+
+def _branch_norm(s: Shape, name: str, rows: int, d: int, b: int) -> list[Op]:
+    return [_elementwise(name, 2 * rows * d, b)] if s.branch_norms else []
+
+
 def kv_only_ops(s: Shape, i: int, tokens: int, b: int = 4, batch: int = 1) -> list[Op]:
-    """POP's independent K/V of skipped layer i: norm, k/v projections, RoPE on k, cache write."""
+    """POP's independent K/V of skipped layer i: norm, k/v projections, k_norm where the model
+    has one, RoPE on k, cache write."""
     dkv, d, rows = s.n_kv_heads * s.head_dim, s.hidden, batch * tokens
     p = f"L{i}."
     return [_elementwise(p + "norm1", 2 * rows * d, b), _linear(p + "k_proj", rows, d, dkv, b),
-            _linear(p + "v_proj", rows, d, dkv, b), _elementwise(p + "rope_k", 2 * rows * dkv, b),
+            _linear(p + "v_proj", rows, d, dkv, b), *_qk_norms(s, p, rows, 0, dkv, b, q=False),
+            _elementwise(p + "rope_k", 2 * rows * dkv, b),
             _elementwise(p + "kv_write", 2 * rows * dkv, b)]
 
 
@@ -102,10 +137,6 @@ def _head(s, b, batch) -> list[Op]:
     """Final norm and lm_head for the last position only."""
     return [_elementwise("final_norm", 2 * batch * s.hidden, b),
             _linear("lm_head", batch, s.hidden, s.vocab, b)]
-
-
-def _causal(n: int) -> int:
-    return n * (n + 1) // 2
 
 
 def prefill_ops(s: Shape, n: int, skip=(), path: str = "full", b: int = 4,
@@ -122,18 +153,20 @@ def prefill_ops(s: Shape, n: int, skip=(), path: str = "full", b: int = 4,
         return ops + _head(s, b, batch)
     first, m = min(skip), n - 1
     for i in range(first):  # the shared trunk: x_N rides along with the prompt
-        ops += layer_ops(s, i, n, _causal(n), n, b, batch)
+        ops += layer_ops(s, i, n, *attention_span(s, i, 0, n), b, batch)
     for i in range(first, s.n_layers):  # x_1..x_{N-1} through the pruned rest
         ops += _pruned_layer(s, i, m, skip, path, b, batch) if m else []
     for i in range(first, s.n_layers):  # the boundary step: x_N alone, attending to all keys
-        keys = 1 if (i in skip and path == "pop_no_kv") else n
-        ops += layer_ops(s, i, 1, keys, keys, b, batch)
+        if i in skip and path == "pop_no_kv":
+            ops += layer_ops(s, i, 1, 1, 1, b, batch)  # its own key only
+        else:
+            ops += layer_ops(s, i, 1, *attention_span(s, i, n - 1, 1), b, batch)
     return ops + _head(s, b, batch)
 
 
 def _pruned_layer(s, i, tokens, skip, path, b, batch) -> list[Op]:
     if i not in skip:
-        return layer_ops(s, i, tokens, _causal(tokens), tokens, b, batch)
+        return layer_ops(s, i, tokens, *attention_span(s, i, 0, tokens), b, batch)
     return kv_only_ops(s, i, tokens, b, batch) if path in ("pop", "pop_no_boundary") else []
 
 

@@ -223,6 +223,13 @@ def _shape(shape, n: int) -> None:
             raise RecordError(f"shape.{k} is {_short(v)}, not a size")
     if shape["n_layers"] != n:
         raise RecordError(f"shape.n_layers is {shape['n_layers']}, n_layers is {n}")
+    windows = shape.get("windows") or []  # optional: older results have none
+    if not isinstance(windows, list) or (windows and len(windows) != n) or not all(
+            w is None or (_is_int(w) and 1 <= w <= 2 ** 40) for w in windows):
+        raise RecordError(f"shape.windows is {_short(windows)}, not a window (or null) per layer")
+    for k in ("qk_norm", "branch_norms"):
+        if not isinstance(shape.get(k, False), bool):
+            raise RecordError(f"shape.{k} is {_short(shape.get(k))}, not true or false")
 
 
 def _drift(d: dict, n_layers: int | None, expect: dict) -> None:
