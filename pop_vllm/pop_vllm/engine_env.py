@@ -10,15 +10,18 @@ import os
 from pathlib import Path
 
 
-def engine_env(cache_root: str | Path, kv_cache_gib: float = 1.0, threads: int | None = None) -> dict:
+def engine_env(cache_root: str | Path, kv_cache_gib: int = 1, threads: int | None = None) -> dict:
+    """kv_cache_gib: whole GiB (vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer)."""
     cache_root = Path(cache_root)
+    if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
+        raise ValueError(f"kv_cache_gib must be a whole number of GiB >= 1, got {kv_cache_gib}")
     env = {
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_HOST_IP": "127.0.0.1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+        "VLLM_CPU_KVCACHE_SPACE": str(int(kv_cache_gib)),
         "VLLM_CACHE_ROOT": str(cache_root / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache_root / "inductor"),
         "HF_HOME": str(cache_root / "hf"),

@@ -31,9 +31,20 @@ def _uses_qk_norm(a) -> bool:
     return bool(getattr(a, "qk_norm", hasattr(a, "k_norm")))
 
 
+def write_kv(attn, k, v) -> None:
+    """Write K/V (T, kv) of every token of the step into the layer's paged cache, at the step's
+    slots: the same call vLLM's Attention.forward makes before attending."""
+    from vllm.model_executor.layers.attention import attention as vattn
+
+    k = k.view(-1, attn.num_kv_heads, attn.head_size)  # (T, Hkv, Dh)
+    v = v.reshape(-1, attn.num_kv_heads, attn.head_size_v)  # (T, Hkv, Dh)
+    vattn.unified_kv_cache_update(k, v, attn.layer_name)
+
+
 def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, full_metadata):
     """hidden, residual: (T, D) each (residual None before the first layer); full_idx (F,),
-    pruned_idx (T-F,) flattened token indices. Returns the layer's (hidden, residual)."""
+    pruned_idx (T-F,) flattened token indices; full_metadata() gives the attention metadata of
+    the full tokens. Returns the layer's (hidden, residual)."""
     if residual is None:
         residual = hidden
         h = layer.input_layernorm(hidden)  # (T, D)
@@ -41,26 +52,31 @@ def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, 
         h, residual = layer.input_layernorm(hidden, residual)  # (T, D), (T, D) = x_l
     a = layer.self_attn
     n = h.shape[0]
-    h_full = h.index_select(0, full_idx)  # (F, D)
     h_pruned = h.index_select(0, pruned_idx)  # (T-F, D)
-    qkv, _ = a.qkv_proj(h_full)  # (F, q + 2 kv)
-    q, k_full, v_full = qkv.split([a.q_size, a.kv_size, a.kv_size], dim=-1)
     kv = F.linear(h_pruned, a.pop_kv_weight, a.pop_kv_bias)  # (T-F, 2 kv)
     k_pruned, v_pruned = kv.split([a.kv_size, a.kv_size], dim=-1)
     if _uses_qk_norm(a):
-        q, k_full = _qk_norm(a, q, a.q_norm), _qk_norm(a, k_full, a.k_norm)
         k_pruned = _qk_norm(a, k_pruned, a.k_norm)
-    q, k_full = a.rotary_emb(positions.index_select(0, full_idx), q, k_full)
     k_pruned = k_pruned.contiguous()  # rotated in place
     k_pruned, _ = a.rotary_emb(positions.index_select(0, pruned_idx), k_pruned, None)
+    if full_idx.numel() == 0:  # a chunk from the middle of prompts: K/V only, pass through
+        write_kv(a.attn, k_pruned, v_pruned)  # pruned_idx is every token here, in order
+        return torch.zeros_like(residual), residual
+    h_full = h.index_select(0, full_idx)  # (F, D)
+    qkv, _ = a.qkv_proj(h_full)  # (F, q + 2 kv)
+    q, k_full, v_full = qkv.split([a.q_size, a.kv_size, a.kv_size], dim=-1)
+    if _uses_qk_norm(a):
+        q, k_full = _qk_norm(a, q, a.q_norm), _qk_norm(a, k_full, a.k_norm)
+    q, k_full = a.rotary_emb(positions.index_select(0, full_idx), q, k_full)
     k = h.new_empty((n, a.kv_size)).index_copy_(0, full_idx, k_full).index_copy_(0, pruned_idx, k_pruned)
     v = h.new_empty((n, a.kv_size)).index_copy_(0, full_idx, v_full).index_copy_(0, pruned_idx, v_pruned)
     # K/V go to the paged cache for every token (the step's slot mapping); attention runs for
     # the full tokens only, under metadata the backend's builder made for them.
+    write_kv(a.attn, k, v)
     saved = ctx.attn_metadata
-    ctx.attn_metadata = full_metadata
+    ctx.attn_metadata = full_metadata()
     try:
-        o = a.attn(q, k, v)  # (F, heads * head_dim)
+        o = a.attn(q, None, None)  # (F, heads * head_dim); None: K/V are written already
     finally:
         ctx.attn_metadata = saved
     o, _ = a.o_proj(o)  # (F, D)

@@ -74,7 +74,14 @@ class PopMixin:
         rest = np.setdiff1d(np.arange(p.n_tokens), p.full_index)  # pruned + padding
         pruned_idx = torch.from_numpy(rest).to(dev)  # (T-F,)
         ctx = get_forward_context()
-        sub = None
+        sub = {}
+
+        def full_metadata():  # built once per step, by the backend's own builder
+            if not sub:
+                sub.update(ctx.attn_metadata)
+                sub.update(step.full_token_metadata(facts, p, dev))
+            return sub
+
         hidden = inputs_embeds if inputs_embeds is not None else m.embed_input_ids(input_ids)
         residual = None
         skip = set(self.pop.skip)
@@ -83,10 +90,8 @@ class PopMixin:
             if i not in skip:
                 hidden, residual = layer(positions, hidden, residual)
                 continue
-            if sub is None:  # built once per step, by the backend's own builder
-                sub = {**ctx.attn_metadata, **step.full_token_metadata(facts, p, dev)}
             hidden, residual = pruned_layer(layer, positions, hidden, residual, full_idx,
-                                            pruned_idx, ctx, sub)
+                                            pruned_idx, ctx, full_metadata)
         hidden, _ = m.norm(hidden, residual)
         return hidden
 
