@@ -14,10 +14,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from pop_analysis.engine.generate import SamplingConfig, encode, run
-except ImportError:  # the flat layout before the package restructure
-    from pop_analysis.generate import SamplingConfig, encode, run
+from pop_analysis.engine.generate import SamplingConfig, encode, run
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
