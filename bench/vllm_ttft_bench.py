@@ -10,7 +10,11 @@ are the same engine switched at run time (worker method pop_set); POP Lab's timi
 (pop_analysis/speed/timing.py, numpy only, imported as is) alternates them: warm-up, rounds with
 the order swapped, median of the per-round ratios with its IQR and flags. The switch happens
 inside the timed call but its time is taken off the clock, so only llm.generate is timed.
-  ttft    a prompt of N random token ids, max_tokens=1 (prefill + x_N's full step + sampling)
+  ttft    a prompt of N random token ids, max_tokens=1 (prefill + x_N's full step + sampling),
+          wall clock of llm.generate
+  forward the same requests timed by the worker's model-forward clock (worker method
+          pop_forward_seconds): the prefill step's model time without the engine's scheduling,
+          sampling and inter-process messages, which both variants pay alike
   decode  64 generated tokens after a 128-token prompt minus the same request with 1 token: the
           decode steps alone (never on the POP path, so the ratio should be 1.0)
 Writes cache/bench/vllm_ttft_bench.json (printed too).
@@ -91,8 +95,11 @@ def main(argv=None) -> int:
         t = measure(lambda: gen("full", ids, 1), lambda: gen("pop", ids, 1), cfg, clock=clock,
                     threads=args.threads)
         rows.append(_row("ttft", n, t))
-        print(f"ttft {n}: {t.speedup:.3f}x [{t.low:.3f}, {t.high:.3f}] full {t.full_median_ms:.1f} ms"
-              f" pop {t.variant_median_ms:.1f} ms rounds {t.rounds} {t.note or ''}", flush=True)
+        _print("ttft", n, t)
+        t = measure(lambda: gen("full", ids, 1), lambda: gen("pop", ids, 1), cfg,
+                    clock=lambda: llm.collective_rpc("pop_forward_seconds")[0], threads=args.threads)
+        rows.append(_row("forward", n, t))
+        _print("forward", n, t)
     if not args.no_decode:
         ids = _prompt(128, seed=1)
 
@@ -119,6 +126,11 @@ def _decode_only(clock: SwitchClock, gen, variant: str, ids) -> None:
     one = clock() - t0  # the switch inside gen is off the clock already
     gen(variant, ids, 65)
     clock.excluded += one
+
+
+def _print(kind: str, n: int, t) -> None:
+    print(f"{kind} {n}: {t.speedup:.3f}x [{t.low:.3f}, {t.high:.3f}] full {t.full_median_ms:.1f} ms "
+          f"pop {t.variant_median_ms:.1f} ms, {t.rounds} rounds {t.note or ''}", flush=True)
 
 
 def _row(kind: str, n: int, t) -> dict:

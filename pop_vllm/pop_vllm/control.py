@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-METHODS = ("pop_set", "pop_stats", "pop_reset_stats")
+METHODS = ("pop_set", "pop_stats", "pop_reset_stats", "pop_forward_seconds")
 
 
 def _pop_model(worker):
@@ -30,6 +30,12 @@ def pop_stats(worker) -> dict:
     """Counters since the last reset: steps, pop_steps, pruned_tokens, ... (models.new_stats)."""
     model = _pop_model(worker)
     return dict(model.pop_stats, skip=list(model.pop.skip), variant=model.pop.variant)
+
+
+def pop_forward_seconds(worker) -> float:
+    """Seconds this worker spent in the model's forward since it started (a clock for benchmarks
+    that leaves out the engine's scheduling, sampling and inter-process messages)."""
+    return _pop_model(worker).pop_forward_s
 
 
 def pop_reset_stats(worker) -> None:

@@ -6,6 +6,8 @@ here, eagerly: kept layers are the stock layers on every token, skipped layers `
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -33,6 +35,7 @@ class PopMixin:
         self.pop_n_layers = hf.num_hidden_layers
         self.pop = pop_settings.parse(getattr(hf, "pop", None), self.pop_n_layers)
         self.pop_stats = new_stats()
+        self.pop_forward_s = 0.0  # model forward seconds in this worker, all steps
         self._check_layers()
         logger.info("POP: skip %s, variant %s", list(self.pop.skip), self.pop.variant)
 
@@ -58,6 +61,13 @@ class PopMixin:
         return loaded
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kw):
+        t0 = time.perf_counter()
+        try:
+            return self._forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kw)
+        finally:  # CPU ops are synchronous: this is the step's model time (benchmarks read it)
+            self.pop_forward_s += time.perf_counter() - t0
+
+    def _forward(self, input_ids, positions, intermediate_tensors, inputs_embeds, **kw):
         facts = step.current() if self.pop.active else None
         if facts is not None:
             n = positions.shape[-1]
