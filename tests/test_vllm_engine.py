@@ -6,22 +6,15 @@ a stock engine, then one POP engine with a 16-token batch budget (chunked prefil
 prefill and decode in one step) whose skip set and variant are switched at run time. POP Lab's
 references are computed here meanwhile.
 """
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from vllm_driver import Driver, check_venv, ok
 
 from pop_analysis.engine.generate import SamplingConfig, encode, run
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
-PLUGIN = ROOT / "pop_vllm"
-STAMP = ROOT / ".venv-vllm" / ".plugin.sha"
 MODEL = ROOT / "cache" / "models" / "smollm2-135m"
-MARK = "POP_DRIVER_RESULT "
 N_NEW = 8
 TAIL = list(range(20, 30))  # the last third of 30 layers
 SPLIT = [8, 12, 20, 21, 22, 23, 24]  # a non-contiguous skip set
@@ -38,26 +31,6 @@ ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "see
           "enable_prefix_caching": False}
 
 
-def _plugin_hash() -> str:
-    """The same hash scripts/install_vllm.sh stamps: the plugin's .py/.toml files in C order."""
-    import hashlib
-
-    files = sorted((p for p in PLUGIN.rglob("*") if p.suffix in (".py", ".toml")
-                    and "build" not in p.relative_to(ROOT).parts),
-                   key=lambda p: str(p.relative_to(ROOT)).encode())
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
-def _check_venv() -> None:
-    if not VENV_PY.exists():
-        pytest.fail("the serving venv .venv-vllm is missing: run bash scripts/install_vllm.sh")
-    if not STAMP.exists() or STAMP.read_text().strip() != _plugin_hash():
-        pytest.fail("the POP plugin changed since .venv-vllm was built: run bash scripts/install_vllm.sh")
-
-
 def _jobs(prompts) -> dict:
     bad = lambda pop, **eng: {"model": str(MODEL), "engine": {**ENGINE, **eng}, "pop": pop}  # noqa: E731
     runs = [
@@ -68,7 +41,7 @@ def _jobs(prompts) -> dict:
         {"set": {"skip": [], "variant": "pop"}, "prompts": prompts, "max_tokens": N_NEW},
         {"set": {"skip": TAIL, "variant": "full"}, "prompts": prompts, "max_tokens": N_NEW},
     ]
-    return {"cache": str(ROOT / "cache"), "kv_cache_gib": 1, "jobs": [
+    return [
         bad({"skip": [30], "variant": "pop"}),
         bad({"skip": [3], "variant": "popx"}),
         bad({"skip": TAIL, "variant": "pop"}, enable_prefix_caching=True),
@@ -76,43 +49,24 @@ def _jobs(prompts) -> dict:
          "runs": [{"prompts": prompts, "max_tokens": N_NEW}]},
         {"model": str(MODEL), "engine": {**ENGINE, "max_num_batched_tokens": 16, "max_num_seqs": 8},
          "pop": {"skip": TAIL, "variant": "pop"}, "runs": runs},
-    ]}
+    ]
 
 
 @pytest.fixture(scope="module")
 def engine(embedded):
     """(prompts, driver results, POP Lab tokens by (variant, skip))."""
-    _check_venv()
+    check_venv()
     if not MODEL.is_dir():
         pytest.fail(f"converted model missing at {MODEL}: run bash scripts/install.sh")
     prompts = [encode(embedded, t) for t in TEXTS]
-    work = ROOT / "cache" / "vllm_test"  # kept: the engine log of the last run is worth reading
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "jobs.json").write_text(json.dumps(_jobs(prompts)))
-    log = open(work / "driver.log", "w")
-    proc = subprocess.Popen([str(VENV_PY), "-m", "pop_vllm.driver", str(work / "jobs.json")],
-                            cwd=work, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": ""})
+    driver = Driver("engine", _jobs(prompts))
     try:
         cfg = SamplingConfig(max_new_tokens=N_NEW, stop_at_eos=False)
         ref = {(v, tuple(s)): [run(embedded, p, v, tuple(s), cfg).token_ids for p in prompts]
                for v, s in [("full", ()), ("pop", TAIL), ("pop", SPLIT), ("pop_no_boundary", TAIL)]}
-        proc.wait(timeout=420)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-    text = (work / "driver.log").read_text()
-    lines = [ln for ln in text.splitlines() if ln.startswith(MARK)]
-    if not lines:
-        pytest.fail("the vLLM driver printed no result; its log ends:\n" + text[-3000:])
-    return prompts, json.loads(lines[-1][len(MARK):])["jobs"], ref
-
-
-def _ok(job):
-    assert job["ok"], f"{job.get('error')} (engine log: cache/vllm_test/driver.log)"
-    return job
+        jobs = driver.results()
+    return prompts, jobs, ref
 
 
 def test_bad_settings_give_one_line_before_any_engine_starts(engine):
@@ -126,12 +80,12 @@ def test_bad_settings_give_one_line_before_any_engine_starts(engine):
 
 def test_stock_vllm_equals_pop_lab_full(engine):
     _, jobs, ref = engine
-    assert _ok(jobs[3])["runs"][0]["tokens"] == ref[("full", ())]
+    assert ok(jobs[3])["runs"][0]["tokens"] == ref[("full", ())]
 
 
 def test_pop_equals_pop_lab_pop_batched_chunked(engine):
     prompts, jobs, ref = engine
-    runs = _ok(jobs[4])["runs"]
+    runs = ok(jobs[4])["runs"]
     assert runs[0]["tokens"] == ref[("pop", tuple(TAIL))]
     assert runs[1]["tokens"] == ref[("pop", tuple(TAIL))][:2]  # one request at a time
     stats = runs[0]["stats"]
@@ -144,7 +98,7 @@ def test_pop_equals_pop_lab_pop_batched_chunked(engine):
 
 def test_pop_non_contiguous_skip_set(engine):
     prompts, jobs, ref = engine
-    run_ = _ok(jobs[4])["runs"][2]
+    run_ = ok(jobs[4])["runs"][2]
     assert run_["stats"]["skip"] == SPLIT
     assert run_["tokens"] == ref[("pop", tuple(SPLIT))]
     assert run_["stats"]["pruned_tokens"] == sum(len(p) - 1 for p in prompts)
@@ -152,15 +106,15 @@ def test_pop_non_contiguous_skip_set(engine):
 
 def test_pop_no_boundary(engine):
     prompts, jobs, ref = engine
-    run_ = _ok(jobs[4])["runs"][3]
+    run_ = ok(jobs[4])["runs"][3]
     assert run_["tokens"] == ref[("pop_no_boundary", tuple(TAIL))]
     assert run_["stats"]["pruned_tokens"] == sum(len(p) for p in prompts)
 
 
 def test_empty_skip_set_and_full_variant_are_the_stock_model(engine):
     _, jobs, ref = engine
-    stock = _ok(jobs[3])["runs"][0]["tokens"]
-    for run_ in _ok(jobs[4])["runs"][4:6]:
+    stock = ok(jobs[3])["runs"][0]["tokens"]
+    for run_ in ok(jobs[4])["runs"][4:6]:
         assert run_["tokens"] == stock == ref[("full", ())]
         assert run_["stats"]["pop_steps"] == 0 and run_["stats"]["pruned_tokens"] == 0
     # and POP really changes something on these prompts (else the comparisons above prove little)
