@@ -61,6 +61,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed rounds per length")
     ap.add_argument("--no-decode", action="store_true")
     args = ap.parse_args(argv)
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_term)
 
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))
@@ -80,6 +83,17 @@ def main(argv=None) -> int:
               max_model_len=longest + 80, max_num_batched_tokens=longest + 80, max_num_seqs=4,
               hf_overrides=overrides("LlamaForCausalLM", SKIP, "pop"))
     start_s = time.perf_counter() - t0
+    try:
+        return _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def _exit_on_term(*_):
+    raise SystemExit(143)  # the finally above shuts the engine's processes down
+
+
+def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> int:
     clock = SwitchClock()
     cfg = TimingConfig(min_rounds=args.rounds, max_rounds=max(args.rounds, 15),
                        budget_s=args.budget, warmup=1)
@@ -113,7 +127,6 @@ def main(argv=None) -> int:
         print(f"decode: {t.speedup:.3f}x [{t.low:.3f}, {t.high:.3f}] {row['decode_tok_s_full']} vs "
               f"{row['decode_tok_s_pop']} tok/s {t.note or ''}", flush=True)
     stats = llm.collective_rpc("pop_stats")[0]
-    llm.llm_engine.engine_core.shutdown()
     save("vllm_ttft_bench", {"mode": args.mode, "threads": args.threads, "skip": SKIP,
                              "engine_start_s": round(start_s, 1), "rows": rows, "pop_stats": stats})
     return 0

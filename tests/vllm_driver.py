@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -49,12 +50,18 @@ class Driver:
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([str(VENV_PY), "-m", "pop_vllm.driver", str(spec)],
                                      cwd=self.work, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": ""})
+                                     env={**os.environ, "PYTHONPATH": ""},
+                                     start_new_session=True)  # its own group: engines go with it
 
     def stop(self) -> None:
+        """Wait for a normal exit; on a hang, end the driver's process group (engines included)."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
         self._log.close()
 
     def results(self, timeout: float = 420) -> list[dict]:

@@ -78,7 +78,14 @@ def _run(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
     return {"tokens": tokens, "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None}
 
 
+def _exit_on_term(*_):
+    raise SystemExit(143)  # so the engines' finally blocks shut their processes down
+
+
 def main(argv: list[str]) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_term)
     if len(argv) != 1:
         print("usage: python -m pop_vllm.driver JOBS.json", file=sys.stderr)
         return 2

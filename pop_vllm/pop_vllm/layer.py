@@ -11,14 +11,36 @@ import torch
 import torch.nn.functional as F
 
 
+class KVProjection(torch.nn.Module):
+    """The K/V rows of a layer's qkv_proj, multiplied with the kernel vLLM picks for its own CPU
+    linears (oneDNN with a prepacked weight here; plain F.linear elsewhere)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)  # (2 kv, D)
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        self.cpu_linear = F.linear
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+            dispatch_cpu_unquantized_gemm(self, remove_weight=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cpu_linear(x, self.weight, self.bias)  # (T, 2 kv)
+
+
 def copy_kv_weights(layer) -> None:
     """Keep the K/V rows of qkv_proj: on CPU vLLM repacks linear weights after loading and
-    empties `.weight`, and pruned tokens need K/V only (a third of the qkv matmul here)."""
+    empties `.weight`, and pruned tokens need K/V only (a third of the qkv matmul here).
+    Kept off the module tree (object.__setattr__) so vLLM's loaders never see extra weights."""
     a = layer.self_attn
     w = a.qkv_proj.weight  # (q + 2 kv, D) on this rank
-    a.pop_kv_weight = w[a.q_size:].detach().clone()  # (2 kv, D)
     b = getattr(a.qkv_proj, "bias", None)
-    a.pop_kv_bias = None if b is None else b[a.q_size:].detach().clone()  # (2 kv,)
+    proj = KVProjection(w[a.q_size:].detach().clone(),
+                        None if b is None else b[a.q_size:].detach().clone())
+    object.__setattr__(a, "pop_kv", proj)
 
 
 def _qk_norm(a, x: torch.Tensor, norm) -> torch.Tensor:
@@ -53,7 +75,7 @@ def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, 
     a = layer.self_attn
     n = h.shape[0]
     h_pruned = h.index_select(0, pruned_idx)  # (T-F, D)
-    kv = F.linear(h_pruned, a.pop_kv_weight, a.pop_kv_bias)  # (T-F, 2 kv)
+    kv = a.pop_kv(h_pruned)  # (T-F, 2 kv)
     k_pruned, v_pruned = kv.split([a.kv_size, a.kv_size], dim=-1)
     if _uses_qk_norm(a):
         k_pruned = _qk_norm(a, k_pruned, a.k_norm)
