@@ -21,6 +21,7 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from . import settings as pop_settings
 from . import step
 from .layer import copy_kv_weights, pruned_layer
+from .plugin import untested_backends_allowed
 from .settings import PopSettingsError
 
 logger = init_logger("vllm.pop")
@@ -44,9 +45,10 @@ class PopMixin:
         for i in range(m.start_layer, m.end_layer):
             a = m.layers[i].self_attn
             backend = a.attn.attn_backend.get_name()
-            if backend not in pop_settings.TESTED_BACKENDS:
+            if backend not in pop_settings.TESTED_BACKENDS and not untested_backends_allowed():
                 raise PopSettingsError(f"attention backend {backend} is not tested with the POP plugin "
-                                       f"(tested: {', '.join(pop_settings.TESTED_BACKENDS)})")
+                                       f"(tested: {', '.join(pop_settings.TESTED_BACKENDS)}); set "
+                                       "POP_VLLM_UNTESTED_BACKENDS=1 to try it")
             if getattr(a, "do_llama_4_scaling", False):
                 raise PopSettingsError("Llama-4 attention scaling is not supported by the POP plugin")
 

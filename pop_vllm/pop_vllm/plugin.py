@@ -50,9 +50,20 @@ def check_config(vllm_config) -> None:
         raise PopSettingsError("speculative decoding is not supported with the POP plugin")
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         raise PopSettingsError("pipeline parallelism is not supported by the POP plugin")
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() and not untested_backends_allowed():
+        raise PopSettingsError("the POP plugin is tested on vLLM's CPU backend only; set "
+                               "POP_VLLM_UNTESTED_BACKENDS=1 to run it on this platform anyway")
     if vllm_config.use_v2_model_runner:
         raise PopSettingsError("the POP plugin hooks vLLM's V1 model runner: set "
                                "VLLM_USE_V2_MODEL_RUNNER=0")
+
+
+def untested_backends_allowed() -> bool:
+    import os
+
+    return os.environ.get("POP_VLLM_UNTESTED_BACKENDS") == "1"
 
 
 def _register_config_checks() -> None:
