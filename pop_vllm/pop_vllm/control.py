@@ -1,0 +1,52 @@
+"""Run-time control of a POP engine through `LLM.collective_rpc` (runs in every worker).
+
+`plugin.register` adds these as methods of vLLM's worker class, so they are called by name
+(a callable would need vLLM's insecure pickle serialization):
+
+    llm.collective_rpc("pop_set", args=([20, 21, 22], "pop"))
+    llm.collective_rpc("pop_stats")  # one dict per worker
+"""
+from __future__ import annotations
+
+METHODS = ("pop_set", "pop_stats", "pop_reset_stats", "pop_forward_seconds")
+
+
+def _pop_model(worker):
+    model = worker.model_runner.get_model()
+    if not hasattr(model, "set_pop"):
+        raise TypeError(f"the engine runs {type(model).__name__}, not a POP model: "
+                        "start it with pop_vllm.overrides(...) as hf_overrides")
+    return model
+
+
+def pop_set(worker, skip, variant: str = "pop") -> dict:
+    """Switch the skip set and variant for the next steps; returns the new settings."""
+    model = _pop_model(worker)
+    model.set_pop(skip, variant)
+    return {"skip": list(model.pop.skip), "variant": model.pop.variant}
+
+
+def pop_stats(worker) -> dict:
+    """Counters since the last reset: steps, pop_steps, pruned_tokens, ... (models.new_stats)."""
+    model = _pop_model(worker)
+    return dict(model.pop_stats, skip=list(model.pop.skip), variant=model.pop.variant)
+
+
+def pop_forward_seconds(worker) -> float:
+    """Seconds this worker spent in the model's forward since it started (a clock for benchmarks
+    that leaves out the engine's scheduling, sampling and inter-process messages)."""
+    return _pop_model(worker).pop_forward_s
+
+
+def pop_reset_stats(worker) -> None:
+    from .models import new_stats
+
+    _pop_model(worker).pop_stats = new_stats()
+
+
+def install() -> None:
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    for name in METHODS:
+        if not hasattr(WorkerBase, name):
+            setattr(WorkerBase, name, globals()[name])

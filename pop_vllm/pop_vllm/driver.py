@@ -1,0 +1,108 @@
+"""Run jobs on vLLM engines, one after another in one process, and print the results as JSON
+(the engine tests spawn this in the serving venv; one process saves vLLM's import per engine).
+
+    python -m pop_vllm.driver JOBS.json
+
+JOBS: {"cache": DIR, "kv_cache_gib": 1, "jobs": [JOB, ...]}
+JOB:  {"model": DIR, "engine": {LLM keyword arguments},
+       "pop": {"skip": [...], "variant": "pop"} | null (null: the stock architecture),
+       "runs": [{"set": {"skip": [...], "variant": ...} (optional run-time switch),
+                 "prompts": [[ids], ...], "max_tokens": N, "batched": true}]}
+Prints one line "POP_DRIVER_RESULT " + JSON: {"jobs": [{"ok": true, "start_s": ..., "runs":
+[{"tokens": [[...]], "stats": {...} | null}]} or {"ok": false, "error": "one line"}, ...]}.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+
+MARK = "POP_DRIVER_RESULT "
+
+
+def one_line(exc: BaseException) -> str:
+    """The root cause's first line: vLLM's config is a pydantic dataclass, so an error of a config
+    hook (the plugin's checks) arrives wrapped in a ValidationError that carries the original."""
+    for err in getattr(exc, "errors", lambda: [])() if hasattr(exc, "errors") else []:
+        original = (err.get("ctx") or {}).get("error")
+        if isinstance(original, BaseException):
+            return one_line(original)
+    inner = exc
+    while inner.__cause__ is not None or inner.__context__ is not None:
+        inner = inner.__cause__ or inner.__context__
+    for e in (inner, exc):
+        text = str(e).strip().splitlines()
+        if text:
+            return f"{type(e).__name__}: {text[0]}"
+    return type(exc).__name__
+
+
+def run_job(job: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    from .settings import overrides
+
+    engine = dict(job.get("engine", {}))
+    pop = job.get("pop")
+    if pop is not None:
+        engine["hf_overrides"] = overrides(job.get("architecture", "LlamaForCausalLM"),
+                                           pop.get("skip", ()), pop.get("variant", "pop"))
+    t0 = time.perf_counter()
+    llm = LLM(job["model"], **engine)
+    out = {"ok": True, "start_s": round(time.perf_counter() - t0, 2), "runs": []}
+    try:
+        for run in job.get("runs", []):
+            out["runs"].append(_run(llm, run, pop is not None, SamplingParams))
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    return out
+
+
+def _run(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
+    if "set" in run:
+        llm.collective_rpc("pop_set", args=(run["set"].get("skip", ()),
+                                            run["set"].get("variant", "pop")))
+    if is_pop:
+        llm.collective_rpc("pop_reset_stats")
+    params = SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in run["prompts"]]
+    if run.get("batched", True):
+        res = llm.generate(prompts, params, use_tqdm=False)
+        tokens = [list(r.outputs[0].token_ids) for r in res]
+    else:
+        tokens = [list(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids)
+                  for p in prompts]
+    return {"tokens": tokens, "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None}
+
+
+def _exit_on_term(*_):
+    raise SystemExit(143)  # so the engines' finally blocks shut their processes down
+
+
+def main(argv: list[str]) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    if len(argv) != 1:
+        print("usage: python -m pop_vllm.driver JOBS.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    from .engine_env import apply
+
+    apply(spec["cache"], kv_cache_gib=spec.get("kv_cache_gib", 1), threads=spec.get("threads"))
+    results = []
+    for job in spec["jobs"]:
+        try:
+            results.append(run_job(job))
+        except Exception as exc:  # one line back to the caller; the engine log has the rest
+            results.append({"ok": False, "error": one_line(exc)})
+    print(MARK + json.dumps({"jobs": results}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,140 @@
+"""Pop* variants of vLLM's Llama-family causal LMs (registered by `plugin.register`).
+
+A step with no pruned token (decode-only steps, variant full, an empty skip set, warm-up runs)
+calls the stock forward unchanged, compiled or not. A step with pruned tokens runs the layer loop
+here, eagerly: kept layers are the stock layers on every token, skipped layers `pruned_layer`.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from vllm.forward_context import get_forward_context
+from vllm.logger import init_logger
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.mistral import MistralForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+
+from . import settings as pop_settings
+from . import step
+from .layer import copy_kv_weights, pruned_layer
+from .plugin import untested_backends_allowed
+from .settings import PopSettingsError
+
+logger = init_logger("vllm.pop")
+
+
+class PopMixin:
+    """POP on top of a stock *ForCausalLM whose `.model` has embed_input_ids, layers, norm."""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        hf = vllm_config.model_config.hf_config
+        self.pop_n_layers = hf.num_hidden_layers
+        self.pop = pop_settings.parse(getattr(hf, "pop", None), self.pop_n_layers)
+        self.pop_stats = new_stats()
+        self.pop_forward_s = 0.0  # model forward seconds in this worker, all steps
+        self._check_layers()
+        logger.info("POP: skip %s, variant %s", list(self.pop.skip), self.pop.variant)
+
+    def _check_layers(self) -> None:
+        m = self.model
+        for i in range(m.start_layer, m.end_layer):
+            a = m.layers[i].self_attn
+            backend = a.attn.attn_backend.get_name()
+            if backend not in pop_settings.TESTED_BACKENDS and not untested_backends_allowed():
+                raise PopSettingsError(f"attention backend {backend} is not tested with the POP plugin "
+                                       f"(tested: {', '.join(pop_settings.TESTED_BACKENDS)}); set "
+                                       "POP_VLLM_UNTESTED_BACKENDS=1 to try it")
+            if getattr(a, "do_llama_4_scaling", False):
+                raise PopSettingsError("Llama-4 attention scaling is not supported by the POP plugin")
+
+    def set_pop(self, skip, variant) -> None:
+        self.pop = pop_settings.make(skip, variant, self.pop_n_layers)
+
+    def load_weights(self, weights):
+        loaded = super().load_weights(weights)
+        m = self.model
+        for i in range(m.start_layer, m.end_layer):
+            copy_kv_weights(m.layers[i])
+        return loaded
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kw):
+        t0 = time.perf_counter()
+        try:
+            return self._forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kw)
+        finally:  # CPU ops are synchronous: this is the step's model time (benchmarks read it)
+            self.pop_forward_s += time.perf_counter() - t0
+
+    def _forward(self, input_ids, positions, intermediate_tensors, inputs_embeds, **kw):
+        facts = step.current() if self.pop.active else None
+        if facts is not None:
+            n = positions.shape[-1]
+            p = step.plan(facts, self.pop.variant, n)
+            count(self.pop_stats, facts, p)
+            if p.needs_pop:
+                return self._pop_forward(facts, p, input_ids, positions, inputs_embeds)
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kw)
+
+    def _pop_forward(self, facts, p, input_ids, positions, inputs_embeds):
+        m = self.model
+        dev = positions.device
+        full_idx = torch.from_numpy(p.full_index).to(dev)  # (F,)
+        rest = np.setdiff1d(np.arange(p.n_tokens), p.full_index)  # pruned + padding
+        pruned_idx = torch.from_numpy(rest).to(dev)  # (T-F,)
+        ctx = get_forward_context()
+        sub = {}
+
+        def full_metadata():  # built once per step, by the backend's own builder
+            if not sub:
+                sub.update(ctx.attn_metadata)
+                sub.update(step.full_token_metadata(facts, p, dev))
+            return sub
+
+        hidden = inputs_embeds if inputs_embeds is not None else m.embed_input_ids(input_ids)
+        residual = None
+        skip = set(self.pop.skip)
+        for i in range(m.start_layer, m.end_layer):
+            layer = m.layers[i]
+            if i not in skip:
+                hidden, residual = layer(positions, hidden, residual)
+                continue
+            hidden, residual = pruned_layer(layer, positions, hidden, residual, full_idx,
+                                            pruned_idx, ctx, full_metadata)
+        hidden, _ = m.norm(hidden, residual)
+        return hidden
+
+
+def new_stats() -> dict:
+    return {"steps": 0, "pop_steps": 0, "pruned_tokens": 0, "full_tokens_in_pop_steps": 0,
+            "decode_only_steps": 0, "decode_only_pop_steps": 0}
+
+
+def count(stats: dict, facts, p) -> None:
+    stats["steps"] += 1
+    decode_only = bool((facts.computed >= facts.prompt_len).all())
+    stats["decode_only_steps"] += decode_only
+    if p.needs_pop:
+        stats["pop_steps"] += 1
+        stats["decode_only_pop_steps"] += decode_only
+        stats["pruned_tokens"] += p.n_pruned
+        stats["full_tokens_in_pop_steps"] += p.n_full
+
+
+class PopLlamaForCausalLM(PopMixin, LlamaForCausalLM):
+    pass
+
+
+class PopMistralForCausalLM(PopMixin, MistralForCausalLM):
+    pass
+
+
+class PopQwen2ForCausalLM(PopMixin, Qwen2ForCausalLM):
+    pass
+
+
+class PopQwen3ForCausalLM(PopMixin, Qwen3ForCausalLM):
+    pass

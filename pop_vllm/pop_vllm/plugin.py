@@ -1,0 +1,78 @@
+"""The `vllm.general_plugins` entry point: registers the Pop* architectures.
+
+vLLM loads general plugins in every process (front end, engine core, workers, the registry's
+inspection subprocess), so `register` is idempotent. It checks the settings in the front end
+(vLLM's per-architecture config hook), before any engine process starts, so a bad skip set,
+variant or engine option fails there with one line.
+"""
+from __future__ import annotations
+
+import logging
+
+from .settings import ARCHITECTURES, SUPPORTED_VLLM, PopSettingsError, parse
+
+log = logging.getLogger("pop_vllm")
+_done = False
+
+
+def register() -> None:
+    global _done
+    if _done:
+        return
+    _done = True
+    import vllm
+    from vllm import ModelRegistry
+
+    version = getattr(vllm, "__version__", "unknown")
+    if version != SUPPORTED_VLLM:
+        log.warning("pop_vllm: vLLM %s is not supported (tested with %s only); POP models are not "
+                    "registered", version, SUPPORTED_VLLM)
+        return
+    for pop_arch in ARCHITECTURES.values():
+        if pop_arch not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(pop_arch, f"pop_vllm.models:{pop_arch}")
+    _register_config_checks()
+    from . import control, step
+
+    step.install()
+    control.install()
+
+
+def check_config(vllm_config) -> None:
+    """Settings the POP models cannot run with, as one-line PopSettingsErrors."""
+    hf = vllm_config.model_config.hf_config
+    parse(getattr(hf, "pop", None), hf.num_hidden_layers)
+    if vllm_config.cache_config.enable_prefix_caching:
+        raise PopSettingsError("prefix caching breaks exact POP (a cached block may hold K/V from "
+                               "another variant): start the engine with enable_prefix_caching=False "
+                               "(--no-enable-prefix-caching)")
+    if vllm_config.speculative_config is not None:
+        raise PopSettingsError("speculative decoding is not supported with the POP plugin")
+    if vllm_config.parallel_config.pipeline_parallel_size > 1:
+        raise PopSettingsError("pipeline parallelism is not supported by the POP plugin")
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() and not untested_backends_allowed():
+        raise PopSettingsError("the POP plugin is tested on vLLM's CPU backend only; set "
+                               "POP_VLLM_UNTESTED_BACKENDS=1 to run it on this platform anyway")
+    if vllm_config.use_v2_model_runner:
+        raise PopSettingsError("the POP plugin hooks vLLM's V1 model runner: set "
+                               "VLLM_USE_V2_MODEL_RUNNER=0")
+
+
+def untested_backends_allowed() -> bool:
+    import os
+
+    return os.environ.get("POP_VLLM_UNTESTED_BACKENDS") == "1"
+
+
+def _register_config_checks() -> None:
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
+
+    class PopConfig(VerifyAndUpdateConfig):
+        @staticmethod
+        def verify_and_update_config(vllm_config) -> None:
+            check_config(vllm_config)
+
+    for pop_arch in ARCHITECTURES.values():
+        MODELS_CONFIG_MAP.setdefault(pop_arch, PopConfig)

@@ -1,0 +1,108 @@
+"""What the model needs to know about the current engine step, captured from the model runner.
+
+vLLM's attention metadata has no prompt lengths, so the runner's `_model_forward` is wrapped to
+record, per step, each request's prompt length, computed and scheduled tokens (batch order); and
+`AttentionGroup.build_metadata` is wrapped to keep the CommonAttentionMetadata it was given, so a
+skipped layer can have the *same builder* build metadata for the full tokens only (a configuration
+of any backend's builder, not a rewrite of one backend's fields).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from .plan import StepPlan, plan_step
+
+
+@dataclass
+class StepFacts:
+    prompt_len: np.ndarray  # (R,)
+    computed: np.ndarray  # (R,) tokens already in the KV cache before this step
+    scheduled: np.ndarray  # (R,) tokens of this step
+    groups: list  # [(AttentionGroup, CommonAttentionMetadata)] built for this step
+
+
+_current: StepFacts | None = None
+_groups: dict = {}  # id(AttentionGroup) -> (group, common metadata) of the latest build
+
+
+def current() -> StepFacts | None:
+    return _current
+
+
+def install() -> None:
+    """Wrap the two runner methods once per process (plugins load several times)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.utils import AttentionGroup
+
+    if getattr(GPUModelRunner._model_forward, "_pop_wrapped", False):
+        return
+    forward = GPUModelRunner._model_forward
+    build = AttentionGroup.build_metadata
+
+    def build_metadata(self, common_attn_metadata, ubatch_idx: int = 0, *args, **kwargs):
+        if ubatch_idx == 0:
+            _groups[id(self)] = (self, common_attn_metadata)
+        return build(self, common_attn_metadata, ubatch_idx, *args, **kwargs)
+
+    def model_forward(self, *args, **kwargs):
+        global _current
+        batch = self.input_batch
+        n = batch.num_reqs
+        qsl = self.query_start_loc.np[: n + 1]
+        _current = StepFacts(prompt_len=batch.num_prompt_tokens[:n].copy(),
+                             computed=batch.num_computed_tokens_cpu[:n].copy(),
+                             scheduled=np.diff(qsl).astype(np.int64),
+                             groups=list(_groups.values()))
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            _current = None
+            _groups.clear()
+
+    build_metadata._pop_wrapped = True
+    model_forward._pop_wrapped = True
+    AttentionGroup.build_metadata = build_metadata
+    GPUModelRunner._model_forward = model_forward
+
+
+def plan(facts: StepFacts, variant: str, n_tokens: int) -> StepPlan:
+    return plan_step(facts.prompt_len, facts.computed, facts.scheduled, variant, n_tokens)
+
+
+def full_token_metadata(facts: StepFacts, p: StepPlan, device) -> dict:
+    """layer name -> attention metadata covering only the full tokens (requests without one
+    are left out), built by each group's own builder from the step's common metadata."""
+    rows = np.flatnonzero(p.full_counts > 0)  # (R',) requests with a full token
+    counts = p.full_counts[rows]  # (R',)
+    qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)  # (R'+1,)
+    rows_t = torch.from_numpy(rows).to(device)
+    tok = torch.from_numpy(p.full_index).to(device)  # (F,)
+    out = {}
+    for group, cm in facts.groups:
+        seq_lens_cpu = None if cm.seq_lens_cpu_upper_bound is None else cm.seq_lens_cpu_upper_bound[rows]
+        seq = cm.seq_lens[rows_t]  # (R',)
+        sub = replace(
+            cm,
+            query_start_loc=torch.from_numpy(qsl).to(cm.query_start_loc.device),
+            query_start_loc_cpu=torch.from_numpy(qsl),
+            seq_lens=seq,
+            seq_lens_cpu_upper_bound=seq_lens_cpu,
+            num_reqs=int(rows.size),
+            num_actual_tokens=p.n_full,
+            max_query_len=int(counts.max()),
+            max_seq_len=int(seq.max()),
+            block_table_tensor=cm.block_table_tensor[rows_t],
+            slot_mapping=cm.slot_mapping[tok],
+            positions=None if cm.positions is None else cm.positions[tok],
+            is_prefilling=None if cm.is_prefilling is None else cm.is_prefilling[rows_t],
+            req_idx=None if cm.req_idx is None else cm.req_idx[rows],
+            logits_indices_padded=None, num_logits_indices=None, max_logits_per_req=None,
+            _num_computed_tokens_cache=None, _token_to_req_indices_cache=None,
+        )
+        meta = group.build_metadata(sub)
+        for name in group.layer_names:
+            out[name] = meta
+    return out

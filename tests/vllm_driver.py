@@ -1,0 +1,82 @@
+"""Helpers of the vLLM engine tests: the serving venv's state and the driver subprocess
+(pop_vllm/pop_vllm/driver.py, run in .venv-vllm; results come back as one JSON line)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
+PLUGIN = ROOT / "pop_vllm"
+STAMP = ROOT / ".venv-vllm" / ".plugin.sha"
+MARK = "POP_DRIVER_RESULT "
+
+
+def plugin_hash() -> str:
+    """The hash scripts/install_vllm.sh stamps: the plugin's .py/.toml files in C order."""
+    files = sorted((p for p in PLUGIN.rglob("*") if p.suffix in (".py", ".toml")
+                    and "build" not in p.relative_to(ROOT).parts),
+                   key=lambda p: str(p.relative_to(ROOT)).encode())
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def check_venv() -> None:
+    """Fail (never skip) when the serving venv is missing or holds an older plugin."""
+    if not VENV_PY.exists():
+        pytest.fail("the serving venv .venv-vllm is missing: run bash scripts/install_vllm.sh")
+    if not STAMP.exists() or STAMP.read_text().strip() != plugin_hash():
+        pytest.fail("the POP plugin changed since .venv-vllm was built: run bash scripts/install_vllm.sh")
+
+
+class Driver:
+    """The driver running `jobs` in the background; `results()` waits for its JSON."""
+
+    def __init__(self, name: str, jobs: list[dict], kv_cache_gib: int = 1):
+        self.work = ROOT / "cache" / "vllm_test"  # kept: the last run's engine log is worth reading
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.work / f"{name}.log"
+        spec = self.work / f"{name}.json"
+        spec.write_text(json.dumps({"cache": str(ROOT / "cache"), "kv_cache_gib": kv_cache_gib,
+                                    "jobs": jobs}))
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([str(VENV_PY), "-m", "pop_vllm.driver", str(spec)],
+                                     cwd=self.work, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONPATH": ""},
+                                     start_new_session=True)  # its own group: engines go with it
+
+    def stop(self) -> None:
+        """Wait for a normal exit; on a hang, end the driver's process group (engines included)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+    def results(self, timeout: float = 420) -> list[dict]:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            self.stop()
+        text = self.log_path.read_text()
+        lines = [ln for ln in text.splitlines() if ln.startswith(MARK)]
+        if not lines:
+            pytest.fail(f"the vLLM driver printed no result ({self.log_path}); its log ends:\n"
+                        + text[-3000:])
+        return json.loads(lines[-1][len(MARK):])["jobs"]
+
+
+def ok(job: dict) -> dict:
+    assert job["ok"], f"{job.get('error')} (engine log under cache/vllm_test/)"
+    return job
