@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from test_browser import PLOT, browser_page, free_port, open_page, set_number, shot  # noqa: F401
-from test_browser import wait_healthy, wait_idle
+from browser_wait import idle
+from test_browser import wait_healthy
 
 from pop_analysis.serving import venv
 from pop_analysis.serving.server import group_members
@@ -65,18 +66,18 @@ def test_serve_page_in_a_real_browser(dashboard, browser_page):
     page = browser_page
     page.goto(dashboard["url"])
     page.locator(PLOT).first.wait_for(timeout=120_000)
-    wait_idle(page)
+    idle(page)
     open_page(page, "Serve", "Serve")
     page.get_by_role("button", name="Start", exact=True).click()
     page.get_by_text(re.compile("Engines ready in")).wait_for(timeout=300_000)
-    wait_idle(page)
+    idle(page)
     engines = [p for p in children(dashboard["proc"].pid) if group_members(p)]
     assert engines, "no engine process group under the dashboard"
 
     set_number(page, "Max new tokens", 16)
     page.get_by_role("button", name="Generate", exact=True).click()
     page.get_by_text(re.compile(r"pop · TTFT")).wait_for(timeout=120_000)
-    wait_idle(page)
+    idle(page)
     shot(page, "serve_1_engine_and_generation")
 
     set_number(page, "Requests", 4)
@@ -84,7 +85,7 @@ def test_serve_page_in_a_real_browser(dashboard, browser_page):
     set_number(page, "Output tokens", 8)
     page.get_by_role("button", name="Run the load test").click()
     page.get_by_text(re.compile(r"Load test: 2 rates measured")).wait_for(timeout=600_000)
-    wait_idle(page)
+    idle(page)
     page.locator(PLOT).nth(3).wait_for(timeout=60_000)
     assert page.locator(PLOT).count() >= 4
     shot(page, "serve_2_load_test")
