@@ -312,18 +312,15 @@ class DecoderAdapter:
 
     def _linear(self, i: int, like: torch.nn.Module, weight, bias) -> torch.nn.Linear:
         """A Linear shaped as `like`, holding the given weight and bias, where layer i lives."""
-        shape = tuple(like.weight.shape)
-        if tuple(weight.shape) != shape:
-            raise ValueError(f"layer {i}: the fitted map's weight is {tuple(weight.shape)}, the "
-                             f"projection's {shape}")
-        if tuple(bias.shape) != shape[:1]:
-            raise ValueError(f"layer {i}: the fitted map's bias is {tuple(bias.shape)}, the "
-                             f"projection's output {shape[:1]}")
+        want = {"weight": tuple(like.weight.shape), "bias": tuple(like.weight.shape)[:1]}
+        for part, got in (("weight", tuple(weight.shape)), ("bias", tuple(bias.shape))):
+            if got != want[part]:  # both shapes named: (out, D) for a weight, (out,) for a bias
+                raise ValueError(f"layer {i}: the fitted map's {part} is {got}, the "
+                                 f"projection's {want[part]}")
         lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=True,
                               device=like.weight.device, dtype=like.weight.dtype)
         with torch.no_grad():
-            lin.weight.copy_(weight)
-            lin.bias.copy_(bias)
+            lin.weight.copy_(weight), lin.bias.copy_(bias)
         return lin.eval().requires_grad_(False)
 
     def write_kv(self, cache: DynamicCache, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
