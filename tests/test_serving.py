@@ -164,7 +164,8 @@ def test_serve_stop_and_death_mid_run(spec):
         assert seen[-1][0] == seen[-1][1] and seen[-1][2] == "ready"
         cmd = engine.command_line
         for part in ("VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", "VLLM_HOST_IP=127.0.0.1",
-                     "HF_HUB_OFFLINE=1", "vllm.entrypoints.openai.api_server", "--host 127.0.0.1"):
+                     "HF_HUB_OFFLINE=1", "vllm.entrypoints.openai.api_server", "--host 127.0.0.1",
+                     "--no-enable-prefix-caching"):  # a stock engine too: fair comparisons
             assert part in cmd
         body = json.dumps({"model": spec.name, "prompt": "The capital of France is",
                            "max_tokens": 4, "temperature": 0}).encode()

@@ -146,7 +146,9 @@ def command(spec: EngineSpec, python: str, port: int) -> list[str]:
     if spec.pop:
         cmd += ["--hf-overrides", json.dumps(pop_overrides(spec, architecture(spec.model_dir)),
                                              separators=(",", ":"))]
-        cmd.append("--no-enable-prefix-caching")  # a cached block may hold full-path K/V
+    # Off in every engine: POP refuses it (a cached block may hold full-path K/V), and a stock
+    # full engine beside it would serve the load test's repeated prompts from its cache.
+    cmd.append("--no-enable-prefix-caching")
     return cmd
 
 
