@@ -175,7 +175,8 @@ def test_cli_offline_hub_id_is_one_line(tmp_path):
 def test_hub_dataset_offline_is_one_line(monkeypatch):
     from pop_analysis.data.prompts import DatasetError, load_prompts
 
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)  # online, but the hub does not answer
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     with pytest.raises(DatasetError, match=r"hf:owner/set: cannot stream the dataset: the "
                                            r"hub is out of reach \(127\.0\.0\.1:9 does not answer"):
