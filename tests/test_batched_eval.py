@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from pop_analysis.quality.evaluate import FULL, PER_ITEM, Variant, batches, evaluate_variants
+from pop_analysis.quality.evaluate import (FULL, LOGIT_BUDGET, PER_ITEM, TOKEN_BUDGET, Variant,
+                                           batches, evaluate_variants, token_budget_for)
 from pop_analysis.quality.evalsets import load_eval_set
 from pop_analysis.quality.items import EvalDataError, EvalItem
 from pop_analysis.quality.metrics import agreement, greedy_tokens, score_continuations
@@ -38,6 +39,14 @@ def test_batches_respect_the_budget():
             len(ITEMS[i].reference_ids) or 4 for i in g)
         assert len(g) == 1 or len(g) * longest <= 40
     assert [len(g) for g in batches(ITEMS, 4, token_budget=1)] == [1] * len(ITEMS)
+
+
+def test_a_large_vocabulary_gets_fewer_tokens_per_batch():
+    # the log-probabilities of a batch, (B, M, V) floats, stay within LOGIT_BUDGET
+    assert token_budget_for(49152) == TOKEN_BUDGET  # SmolLM2: unchanged
+    gemma = token_budget_for(262144)
+    assert gemma * 262144 <= LOGIT_BUDGET < (gemma + 1) * 262144 and gemma < TOKEN_BUDGET / 4
+    assert token_budget_for(10 ** 12) == 1 and token_budget_for(262144, 100) == 100
 
 
 def test_batched_equals_one_item_at_a_time(lm):

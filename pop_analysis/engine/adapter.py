@@ -89,10 +89,6 @@ class Shape:
     qk_norm: bool = False  # q and k normed per head (Qwen3, Gemma-3)
     branch_norms: bool = False  # attention and FFN outputs normed before the residual (Gemma)
 
-    def record(self) -> dict:
-        """As stored in a result (JSON types: the windows as a list)."""
-        return {f: getattr(self, f) for f in self.__dataclass_fields__} | {"windows": list(self.windows)}
-
 
 class DecoderAdapter:
     """Drives a pre-norm decoder (Llama or Gemma layout) layer by layer."""

@@ -336,7 +336,7 @@ def _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_
         block_influence={"prefill": grads["bi_prefill"].double().mean(0).tolist(),
                          "decode": grads["bi_decode"].double().mean(0).tolist()},
         loo=loo_out, rank_corr=corr, seconds=seconds, samples_per_s=n / seconds if seconds else 0.0,
-        config=dataclasses.asdict(cfg), shape=lm.adapter.shape.record(),
+        config=dataclasses.asdict(cfg), shape=shape_record(lm.adapter.shape),
         fingerprint=fingerprint, prompt_tokens=[len(p) for p in prompt_ids],
         response_tokens=[len(r) for r in responses], loss=grads["loss"].double().tolist(),
         loo_taylor=taylor)
@@ -390,3 +390,8 @@ def load_calibration(key: str, n_layers: int | None = None, notice=None,
     """A stored result that passes records.check (per-layer lists of n_layers when given), or
     None when missing or invalid."""
     return store.load_record(KIND, key, CalibrationResult, n_layers, expect, notice)
+
+
+def shape_record(shape) -> dict:
+    """adapter.Shape as stored in a result (JSON types: the windows as a list)."""
+    return {**dataclasses.asdict(shape), "windows": list(shape.windows)}

@@ -30,6 +30,15 @@ from pop_analysis.quality.metrics import agreement, self_fidelity, token_fidelit
 
 TOKEN_BUDGET = 2048  # padded tokens (prompt + continuation) per batch: bounds memory and padding
 MAX_BATCH = 16  # items per batch
+# Log-probabilities held per batch, (B, M, V) floats: a batch keeps several such tensors (the
+# full model's and a variant's), so a large vocabulary gets fewer tokens per batch (SmolLM2's
+# 49k: the whole TOKEN_BUDGET; Gemma-3's 262k: 476 tokens, about 2 GB at the peak, not 10).
+LOGIT_BUDGET = 125_000_000
+
+
+def token_budget_for(vocab: int, token_budget: int = TOKEN_BUDGET) -> int:
+    """Padded tokens per batch for a vocabulary of `vocab`: within both budgets, at least 1."""
+    return max(1, min(token_budget, LOGIT_BUDGET // max(vocab, 1)))
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,8 @@ def evaluate_variants(lm: LoadedModel, items, variants, max_new_tokens: int = 32
         check_variant(v.engine)
     out = {v.name: ItemScores.empty(v, len(items)) for v in [FULL, *variants]}
     run = _BatchRun(lm, max_new_tokens, generate, step)
-    for idx in batches(items, max_new_tokens, token_budget):
+    budget = token_budget_for(lm.adapter.shape.vocab, token_budget)
+    for idx in batches(items, max_new_tokens, budget):
         run.batch([items[i] for i in idx], idx, variants, out)
     return out
 
