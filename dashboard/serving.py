@@ -115,13 +115,15 @@ def start_bench(s: Serving, specs, rounds: int, context: dict) -> None:
 
 
 def table(rows: list[dict]) -> list[dict]:
-    """One line per request rate with the protocol's fields, for st.dataframe."""
+    """One line per request rate with the protocol's fields, for st.dataframe; the flag stands
+    beside the speedup it qualifies (a flagged ratio is never read alone)."""
+    ms = lambda v: None if v is None else round(v, 1)  # noqa: E731
     return [{"rate": "all at once" if r["request_rate"] is None else f"{r['request_rate']:g}/s",
-             "TTFT full ms": r["ttft_full_ms"], "TTFT POP ms": r["ttft_pop_ms"],
-             "p90 full": r["ttft_p90_full_ms"], "p90 POP": r["ttft_p90_pop_ms"],
-             "TTFT speedup": r["speedup"],
+             "TTFT speedup": round(r["speedup"], 2),
              "IQR": f"{r['speedup_range'][0]:.2f}-{r['speedup_range'][1]:.2f}",
-             "rounds": r["timing_rounds"], "TPOT full ms": r["tpot_full_ms"],
-             "TPOT POP ms": r["tpot_pop_ms"], "tok/s full": r["throughput_full"],
-             "tok/s POP": r["throughput_pop"], "flag": r["timing_note"] or "trustworthy"}
+             "rounds": r["timing_rounds"], "flag": r["timing_note"] or "trustworthy",
+             "TTFT full ms": ms(r["ttft_full_ms"]), "TTFT POP ms": ms(r["ttft_pop_ms"]),
+             "p90 full": ms(r["ttft_p90_full_ms"]), "p90 POP": ms(r["ttft_p90_pop_ms"]),
+             "TPOT full ms": ms(r["tpot_full_ms"]), "TPOT POP ms": ms(r["tpot_pop_ms"]),
+             "tok/s full": ms(r["throughput_full"]), "tok/s POP": ms(r["throughput_pop"])}
             for r in rows]
