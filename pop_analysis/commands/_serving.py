@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import sys
 
+from pop_analysis.engine.models import DEFAULT_MODEL
 from pop_analysis.serving.server import START_TIMEOUT_S
 from pop_analysis.serving.spec import VARIANTS, make_spec, model_dir, n_layers
 from pop_analysis.commands._common import skip_from_args
 
 
 def add_engine_args(p, variant_default: str = "pop") -> None:
+    """The model and engine flags every serving command shares."""
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"registry name or local model directory (default {DEFAULT_MODEL})")
     p.add_argument("--variant", default=variant_default, choices=VARIANTS,
                    help=f"what the engine serves (default {variant_default}; full = stock vLLM)")
     p.add_argument("--kv-cache-gib", type=int, default=1,

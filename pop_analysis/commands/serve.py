@@ -1,7 +1,6 @@
 """Serve POP through a local vLLM OpenAI-compatible server until Ctrl-C."""
 from __future__ import annotations
 
-from pop_analysis.engine.models import DEFAULT_MODEL
 from pop_analysis.serving.server import Engine
 from pop_analysis.engine.skipset import describe
 from pop_analysis.commands._common import add_skip_args, emit_json
@@ -9,8 +8,6 @@ from pop_analysis.commands._serving import add_engine_args, spec_from_args, stde
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"registry name or local model directory (default {DEFAULT_MODEL})")
     add_skip_args(p, default_ratio=0.33)
     add_engine_args(p)
     p.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free one)")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 
-from pop_analysis.engine.models import DEFAULT_MODEL
 from pop_analysis.serving.loadgen import LoadSpec
 from pop_analysis.serving.session import Serving
 from pop_analysis.commands._common import add_skip_args, emit_json
@@ -11,8 +10,6 @@ from pop_analysis.commands._serving import add_engine_args, spec_from_args, stde
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"registry name or local model directory (default {DEFAULT_MODEL})")
     add_skip_args(p, default_ratio=0.33)
     add_engine_args(p)
     p.add_argument("--requests", type=int, default=32, help="requests per load test (default 32)")
