@@ -205,3 +205,31 @@ def test_empty_skip_set_times_near_one_on_the_embedded_model(embedded):
     assert p.timing.rounds >= 9 and p.timing.first[:2] == ["full", "variant"]
     assert 0.75 <= p.speedup <= 1.33, (p.speedup, p.timing.ratios, p.timing.note)
     assert p.timing.low <= p.speedup <= p.timing.high
+
+
+def test_work_of_our_own_child_processes_is_not_another_s():
+    """An engine's worker is our child process: its CPU counts as ours (vLLM benchmarks), while
+    the plain probe counts it as another's. A child spins until it has used 0.3 s of CPU."""
+    import subprocess
+    import sys
+    import time
+
+    from pop_analysis.speed.timing import (cpu_seconds, descendants, other_cpu_seconds,
+        other_cpu_seconds_but_ours)
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\nimport sys\n"
+                              "sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert child.pid in descendants()
+        deadline = time.monotonic() + 60  # the child's CPU, on a busy machine too
+        while cpu_seconds([child.pid]) < 0.3:
+            assert time.monotonic() < deadline, "the child never used 0.3 s of CPU"
+            time.sleep(0.02)
+        plain, ours = other_cpu_seconds(), other_cpu_seconds_but_ours()
+        # the two probes differ by the child's CPU (read a moment apart: others' work may add)
+        assert plain - ours >= cpu_seconds([child.pid]) - 0.05
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    assert child.pid not in descendants()

@@ -94,6 +94,8 @@ def test_pop_equals_pop_lab_pop_batched_chunked(engine):
     assert stats["pruned_tokens"] == sum(len(p) - 1 for p in prompts)
     assert stats["decode_only_steps"] > 0 and stats["decode_only_pop_steps"] == 0
     assert stats["pop_steps"] >= max(len(p) for p in prompts) // 16
+    # the engine's own contiguous block runs split.py's pieces (uncompiled here, as eager)
+    assert stats["split_steps"] == stats["pop_steps"] and runs[1]["stats"]["split_steps"] > 0
 
 
 def test_pop_non_contiguous_skip_set(engine):
@@ -101,6 +103,7 @@ def test_pop_non_contiguous_skip_set(engine):
     run_ = ok(jobs[4])["runs"][2]
     assert run_["stats"]["skip"] == SPLIT
     assert run_["tokens"] == ref[("pop", tuple(SPLIT))]
+    assert run_["stats"]["split_steps"] == 0  # not the engine's block: the eager layer loop
     assert run_["stats"]["pruned_tokens"] == sum(len(p) - 1 for p in prompts)
 
 
@@ -109,6 +112,7 @@ def test_pop_no_boundary(engine):
     run_ = ok(jobs[4])["runs"][3]
     assert run_["tokens"] == ref[("pop_no_boundary", tuple(TAIL))]
     assert run_["stats"]["pruned_tokens"] == sum(len(p) for p in prompts)
+    assert run_["stats"]["split_steps"] == run_["stats"]["pop_steps"] > 0
 
 
 def test_empty_skip_set_and_full_variant_are_the_stock_model(engine):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -32,19 +31,6 @@ class Target:
     url: str
     before: Callable[[], None] | None = None
     check: Callable[[], None] | None = None  # raises when its engine has died
-
-
-def cpu_seconds(pids) -> float:
-    """CPU seconds (user + system, children waited for included) of these live processes."""
-    total = 0.0
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        f = stat[stat.rindex(")") + 2:].split()
-        total += sum(int(x) for x in f[11:15])  # utime stime cutime cstime
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def judge(full: list[float], variant: list[float], first: list[str], other: float | None,
@@ -76,7 +62,7 @@ def run_setting(full: Target, pop: Target, gen: LoadGenerator, model: str, token
         one(side, warm)
     got: dict[str, list[LoadResult]] = {"full": [], "variant": []}
     first: list[str] = []
-    before_other, before_own = timing.other_cpu_seconds(), cpu_seconds(own_pids())
+    before_other, before_own = timing.other_cpu_seconds(), timing.cpu_seconds(own_pids())
     t0 = os.times().elapsed
     for r in range(rounds):
         order = ("variant", "full") if r % 2 else ("full", "variant")
@@ -85,7 +71,7 @@ def run_setting(full: Target, pop: Target, gen: LoadGenerator, model: str, token
             tracker.step(1, f"{spec.describe()}: round {r + 1} of {rounds}, {sides[side].name}")
             got[side].append(one(side, spec))
     wall = os.times().elapsed - t0
-    after_other, after_own = timing.other_cpu_seconds(), cpu_seconds(own_pids())
+    after_other, after_own = timing.other_cpu_seconds(), timing.cpu_seconds(own_pids())
     other = None
     if before_other is not None and after_other is not None and wall > 0:
         other = max(0.0, (after_other - before_other) - (after_own - before_own)) / wall

@@ -29,7 +29,8 @@ def pop_set(worker, skip, variant: str = "pop") -> dict:
 def pop_stats(worker) -> dict:
     """Counters since the last reset: steps, pop_steps, pruned_tokens, ... (models.new_stats)."""
     model = _pop_model(worker)
-    return dict(model.pop_stats, skip=list(model.pop.skip), variant=model.pop.variant)
+    split = None if model.pop_split is None else model.pop_split.state()
+    return dict(model.pop_stats, skip=list(model.pop.skip), variant=model.pop.variant, split=split)
 
 
 def pop_forward_seconds(worker) -> float:

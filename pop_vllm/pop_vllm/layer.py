@@ -63,6 +63,18 @@ def write_kv(attn, k, v) -> None:
     vattn.unified_kv_cache_update(k, v, attn.layer_name)
 
 
+def project_pruned_kv(a, h_pruned, pos_pruned):
+    """K (normed where the family norms K, rotated) and V (P, kv) each of pruned tokens from their
+    input-normed hidden states h_pruned (P, D) at positions pos_pruned (P,)."""
+    kv = a.pop_kv(h_pruned)  # (P, 2 kv)
+    k, v = kv.split([a.kv_size, a.kv_size], dim=-1)
+    if _uses_qk_norm(a):
+        k = _qk_norm(a, k, a.k_norm)
+    k = k.contiguous()  # rotated in place
+    k, _ = a.rotary_emb(pos_pruned, k, None)
+    return k, v
+
+
 def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, full_metadata):
     """hidden, residual: (T, D) each (residual None before the first layer); full_idx (F,),
     pruned_idx (T-F,) flattened token indices; full_metadata() gives the attention metadata of
@@ -74,13 +86,8 @@ def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, 
         h, residual = layer.input_layernorm(hidden, residual)  # (T, D), (T, D) = x_l
     a = layer.self_attn
     n = h.shape[0]
-    h_pruned = h.index_select(0, pruned_idx)  # (T-F, D)
-    kv = a.pop_kv(h_pruned)  # (T-F, 2 kv)
-    k_pruned, v_pruned = kv.split([a.kv_size, a.kv_size], dim=-1)
-    if _uses_qk_norm(a):
-        k_pruned = _qk_norm(a, k_pruned, a.k_norm)
-    k_pruned = k_pruned.contiguous()  # rotated in place
-    k_pruned, _ = a.rotary_emb(positions.index_select(0, pruned_idx), k_pruned, None)
+    k_pruned, v_pruned = project_pruned_kv(a, h.index_select(0, pruned_idx),
+                                           positions.index_select(0, pruned_idx))  # (T-F, kv) each
     if full_idx.numel() == 0:  # a chunk from the middle of prompts: K/V only, pass through
         write_kv(a.attn, k_pruned, v_pruned)  # pruned_idx is every token here, in order
         return torch.zeros_like(residual), residual

@@ -1,8 +1,10 @@
 """Pop* variants of vLLM's Llama-family causal LMs (registered by `plugin.register`).
 
 A step with no pruned token (decode-only steps, variant full, an empty skip set, warm-up runs)
-calls the stock forward unchanged, compiled or not. A step with pruned tokens runs the layer loop
-here, eagerly: kept layers are the stock layers on every token, skipped layers `pruned_layer`.
+calls the stock forward unchanged, compiled or not. A step with pruned tokens runs either the split
+of `split.py` (the engine's own skip set when it is one contiguous block: compiled pieces in
+compiled mode) or the layer loop here, eagerly: kept layers are the stock layers on every token,
+skipped layers `pruned_layer`.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from . import step
 from .layer import copy_kv_weights, pruned_layer
 from .plugin import untested_backends_allowed
 from .settings import PopSettingsError
+from .split import Split, contiguous_block
 
 logger = init_logger("vllm.pop")
 
@@ -38,6 +41,10 @@ class PopMixin:
         self.pop_stats = new_stats()
         self.pop_forward_s = 0.0  # model forward seconds in this worker, all steps
         self._check_layers()
+        block = contiguous_block(self.pop.skip) if self.pop.active else None
+        # Off the module tree (the pieces hold no weights of their own).
+        object.__setattr__(self, "pop_split", None if block is None else
+                           Split(vllm_config, self.model, block))
         logger.info("POP: skip %s, variant %s", list(self.pop.skip), self.pop.variant)
 
     def _check_layers(self) -> None:
@@ -70,8 +77,10 @@ class PopMixin:
             self.pop_forward_s += time.perf_counter() - t0
 
     def _forward(self, input_ids, positions, intermediate_tensors, inputs_embeds, **kw):
-        facts = step.current() if self.pop.active else None
-        if facts is not None:
+        facts = step.current()
+        if facts is None and self.pop_split is not None and not self.pop_split.lower.do_not_compile:
+            self.pop_split.warm_up(self.model, input_ids, positions)  # vLLM's dummy run
+        if facts is not None and self.pop.active:
             n = positions.shape[-1]
             p = step.plan(facts, self.pop.variant, n)
             count(self.pop_stats, facts, p)
@@ -87,6 +96,8 @@ class PopMixin:
         pruned_idx = torch.from_numpy(rest).to(dev)  # (T-F,)
         ctx = get_forward_context()
         sub = {}
+        split = self.pop_split
+        use_split = split is not None and split.skip == self.pop.skip and inputs_embeds is None
 
         def full_metadata():  # built once per step, by the backend's own builder
             if not sub:
@@ -94,6 +105,9 @@ class PopMixin:
                 sub.update(step.full_token_metadata(facts, p, dev))
             return sub
 
+        if use_split:
+            self.pop_stats["split_steps"] += 1
+            return split.forward(m, input_ids, positions, full_idx, pruned_idx, ctx, full_metadata)
         hidden = inputs_embeds if inputs_embeds is not None else m.embed_input_ids(input_ids)
         residual = None
         skip = set(self.pop.skip)
@@ -110,7 +124,8 @@ class PopMixin:
 
 def new_stats() -> dict:
     return {"steps": 0, "pop_steps": 0, "pruned_tokens": 0, "full_tokens_in_pop_steps": 0,
-            "decode_only_steps": 0, "decode_only_pop_steps": 0}
+            "decode_only_steps": 0, "decode_only_pop_steps": 0,
+            "split_steps": 0}  # POP steps taken by split.py (the rest ran the eager loop)
 
 
 def count(stats: dict, facts, p) -> None:
