@@ -98,6 +98,20 @@ def _exit_on_term(*_):
     raise SystemExit(143)  # the finally above shuts the engine's processes down
 
 
+def _flop_ideal(n: int) -> float:
+    """POP's FLOP ideal for an n-token prefill of the model under SKIP (speed/flops.py)."""
+    import json
+
+    from pop_analysis.engine.adapter import Shape
+    from pop_analysis.speed.flops import ideal_speedup
+
+    c = json.loads((ROOT / "cache" / "models" / "smollm2-135m" / "config.json").read_text())
+    shape = Shape(c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"],
+                  c["num_key_value_heads"], c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+                  c["intermediate_size"], c["vocab_size"], c["max_position_embeddings"])
+    return ideal_speedup(shape, n, SKIP)
+
+
 def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> int:
     clock = SwitchClock()
     cfg = TimingConfig(min_rounds=args.rounds, max_rounds=max(args.rounds, 15),
@@ -111,13 +125,15 @@ def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> i
     rows = []
     for n in args.lengths:
         ids = _prompt(n, seed=n)
+        ideal = _flop_ideal(n)  # a ratio above it (beyond the protocol's margin) is flagged
         t = measure(lambda: gen("full", ids, 1), lambda: gen("pop", ids, 1), cfg, clock=clock,
-                    threads=args.threads)
-        rows.append(_row("ttft", n, t))
+                    threads=args.threads, ideal=ideal)
+        rows.append(dict(_row("ttft", n, t), flop_ideal=round(ideal, 4)))
         _print("ttft", n, t)
         t = measure(lambda: gen("full", ids, 1), lambda: gen("pop", ids, 1), cfg,
-                    clock=lambda: llm.collective_rpc("pop_forward_seconds")[0], threads=args.threads)
-        rows.append(_row("forward", n, t))
+                    clock=lambda: llm.collective_rpc("pop_forward_seconds")[0], threads=args.threads,
+                    ideal=ideal)
+        rows.append(dict(_row("forward", n, t), flop_ideal=round(ideal, 4)))
         _print("forward", n, t)
     if not args.no_decode:
         ids = _prompt(128, seed=1)
