@@ -7,6 +7,7 @@ from pop_analysis.engine.models import DEFAULT_MODEL
 from pop_analysis.serving.server import START_TIMEOUT_S
 from pop_analysis.serving.spec import VARIANTS, make_spec, model_dir, n_layers
 from pop_analysis.commands._common import skip_from_args
+from pop_analysis.commands._repair import add_repair_arg
 
 
 def add_engine_args(p, variant_default: str = "pop") -> None:
@@ -15,6 +16,7 @@ def add_engine_args(p, variant_default: str = "pop") -> None:
                    help=f"registry name or local model directory (default {DEFAULT_MODEL})")
     p.add_argument("--variant", default=variant_default, choices=VARIANTS,
                    help=f"what the engine serves (default {variant_default}; full = stock vLLM)")
+    add_repair_arg(p)  # the maps of --variant pop_repair (its stored file goes to the engine)
     p.add_argument("--kv-cache-gib", type=int, default=1,
                    help="the engine's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE, default 1)")
     p.add_argument("--max-model-len", type=int, default=4096, help="longest request in tokens")
@@ -30,7 +32,17 @@ def spec_from_args(args, variant: str | None = None, port: int = 0):
     skip = skip_from_args(args, n_layers(directory))
     if args.kv_cache_gib <= 0 or args.max_model_len < 16 or args.start_timeout <= 0:
         raise ValueError("--kv-cache-gib and --start-timeout must be positive, --max-model-len >= 16")
-    return make_spec(args.model, skip, variant or args.variant, port=port,
+    variant = variant or args.variant
+    repair = None
+    if variant == "pop_repair" or args.repair:
+        if variant != "pop_repair":
+            raise ValueError(f"--repair is for --variant pop_repair, not {variant}")
+        from pop_analysis.progress import terminal_bar
+        from pop_analysis.serving.repair_maps import resolve
+
+        make_spec(args.model, skip, "pop")  # a bad skip set or model fails before loading it
+        repair = resolve(args.model, skip, args.repair, terminal_bar)
+    return make_spec(args.model, skip, variant, repair=repair, port=port,
                      kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
                      dtype=args.dtype, eager=not args.compiled)
 

@@ -24,7 +24,8 @@ def run(args) -> int:
     try:
         engine.start(progress=stderr_progress(f"starting vLLM ({what})"), timeout_s=args.start_timeout)
         info = {"url": f"{engine.url}/v1", "model": spec.name, "variant": spec.variant,
-                "skip_layers": list(spec.skip), "command": engine.command_line,
+                "skip_layers": list(spec.skip), "repair": spec.repair,
+                "command": engine.command_line,
                 "start_s": round(engine.start_s, 2), "rss_mib": round(engine.rss_bytes() / 2**20),
                 "log": str(engine.log_path)}
         if args.json:

@@ -52,7 +52,7 @@ def run(args) -> int:
         rows = s.bench(specs, rounds=args.rounds, progress=_bar,
                        on_row=show)
         out = {"model": pop.name, "variant": pop.variant, "skip_layers": list(pop.skip),
-               "engines": s.engines_info(), "rows": rows}
+               "repair": pop.repair, "engines": s.engines_info(), "rows": rows}
     if args.json:
         emit_json(out)
     return 0

@@ -44,6 +44,11 @@ def _path(key: str) -> Path | None:
     return None if entry is None else entry.with_suffix(".safetensors")
 
 
+def maps_file(key: str) -> Path | None:
+    """The maps' file of a stored repair (what vLLM's pop_repair reads); None for a non-key."""
+    return _path(key)
+
+
 def save(rep: Repair) -> Repair:
     """Write the maps (atomically) and then the sidecar; returns the repair with its key."""
     from safetensors.torch import save_file

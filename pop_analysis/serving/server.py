@@ -71,6 +71,7 @@ class EngineSpec:
     name: str  # the model name clients send ("smollm2-135m")
     skip: tuple[int, ...] = ()  # 0-indexed skipped layers (POP variants only)
     variant: str = "full"  # "full": stock vLLM; "pop" ...: the POP plugin
+    repair: str | None = None  # pop_repair: absolute path of the stored repair's maps file
     port: int = 0  # 0: a free port
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE, whole GiB (without it the KV cache took 21 GiB)
     max_model_len: int = 4096
@@ -100,8 +101,10 @@ def pop_overrides(spec: EngineSpec, arch: str) -> dict:
     if arch not in POP_ARCHS:
         raise ServingError(f"model architecture {arch} is not supported by the POP plugin "
                            f"(supported: {', '.join(POP_ARCHS)}); serve it as variant full")
-    return {"architectures": [f"Pop{arch}"],
-            "pop": {"skip": sorted(spec.skip), "variant": spec.variant}}
+    pop = {"skip": sorted(spec.skip), "variant": spec.variant}
+    if spec.variant == "pop_repair":
+        pop["repair"] = spec.repair
+    return {"architectures": [f"Pop{arch}"], "pop": pop}
 
 
 def port_free(port: int) -> bool:
@@ -233,12 +236,13 @@ class Engine:
         except OSError:
             return False
 
-    def switch(self, skip, variant: str) -> None:
+    def switch(self, skip, variant: str, repair: str | None = None) -> None:
         """The run-time switch of a switchable POP engine: the next steps run `variant` with
-        `skip` ("full" with () runs the stock forward). Every worker answers."""
+        `skip` ("full" with () runs the stock forward; pop_repair needs its maps file).
+        Every worker answers."""
         if not (self.spec.pop and self.spec.switchable):
             raise ServingError("this engine has no run-time switch (start it switchable)")
-        body = json.dumps({"method": SWITCH, "args": [sorted(skip), variant]}).encode()
+        body = json.dumps({"method": SWITCH, "args": [sorted(skip), variant, repair]}).encode()
         req = urllib.request.Request(f"{self.url}/collective_rpc", body,
                                      {"Content-Type": "application/json"})
         try:

@@ -40,7 +40,7 @@ class Serving:
         self._lock = threading.Lock()  # a switch and the requests it is for go together
         kw = {} if timeout_s is None else {"timeout_s": timeout_s}
         wanted = [("pop", self.spec)] if self.spec.switchable else [("full", replace(
-            pop, variant="full", skip=(), port=0))] + ([("pop", self.spec)] if pop.pop else [])
+            pop, variant="full", skip=(), repair=None, port=0))] + ([("pop", self.spec)] if pop.pop else [])
         try:
             for i, (name, spec) in enumerate(wanted):
                 engine = Engine(spec)
@@ -62,8 +62,10 @@ class Serving:
 
     def _switch(self, side: str) -> None:
         if self.spec.switchable:
-            skip, variant = ((), "full") if side == "full" else (self.spec.skip, self.spec.variant)
-            self.engines["pop"].switch(skip, variant)
+            if side == "full":
+                self.engines["pop"].switch((), "full")
+            else:
+                self.engines["pop"].switch(self.spec.skip, self.spec.variant, self.spec.repair)
 
     def target(self, side: str) -> Target:
         e = self._engine(side)

@@ -9,7 +9,7 @@ from pop_analysis.engine.models import resolve_source
 from pop_analysis.serving.server import EngineSpec
 from pop_analysis.serving.venv import ServingError
 
-VARIANTS = ("full", "pop", "pop_no_boundary")  # what the plugin serves (pop_vllm/plan.py)
+VARIANTS = ("full", "pop", "pop_no_boundary", "pop_repair")  # what the plugin serves (pop_vllm/plan.py)
 
 
 def model_dir(name: str) -> str:
@@ -31,12 +31,23 @@ def n_layers(directory: str) -> int:
     return int(cfg["num_hidden_layers"])
 
 
-def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", **engine) -> EngineSpec:
-    """The engine for `model` (registry name or directory) with this skip set and variant."""
+def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: str | None = None,
+              **engine) -> EngineSpec:
+    """The engine for `model` (registry name or directory) with this skip set and variant;
+    `repair`: the maps file of pop_repair (repair_maps.maps_path)."""
+    if variant == "pop_no_kv":
+        raise ServingError("variant pop_no_kv is not served: in vLLM every layer shares one KV "
+                           "block table per request, so skipped layers cannot keep fewer tokens "
+                           "(docs/serving.md); use pop or pop_repair")
     if variant not in VARIANTS:
         raise ServingError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if variant != "full" and not skip:
         raise ServingError(f"variant {variant} needs a non-empty skip set")
+    if (variant == "pop_repair") != bool(repair):
+        raise ServingError("variant pop_repair needs a repair (--repair KEY or auto)"
+                           if repair is None else f"a repair is used by variant pop_repair only, "
+                           f"not {variant}")
     directory = model_dir(model)
     return EngineSpec(model_dir=directory, name=Path(model).name if "/" in model else model,
-                      skip=tuple(skip) if variant != "full" else (), variant=variant, **engine)
+                      skip=tuple(skip) if variant != "full" else (), variant=variant,
+                      repair=repair, **engine)

@@ -4,6 +4,7 @@
 (a callable would need vLLM's insecure pickle serialization):
 
     llm.collective_rpc("pop_set", args=([20, 21, 22], "pop"))
+    llm.collective_rpc("pop_set", args=([20, 21, 22], "pop_repair", "/abs/KEY.safetensors"))
     llm.collective_rpc("pop_stats")  # one dict per worker
 """
 from __future__ import annotations
@@ -19,18 +20,20 @@ def _pop_model(worker):
     return model
 
 
-def pop_set(worker, skip, variant: str = "pop") -> dict:
-    """Switch the skip set and variant for the next steps; returns the new settings."""
+def pop_set(worker, skip, variant: str = "pop", repair: str | None = None) -> dict:
+    """Switch the skip set and variant (and pop_repair's maps file) for the next steps; returns
+    the new settings. Bad settings raise PopSettingsError and leave the old ones in force."""
     model = _pop_model(worker)
-    model.set_pop(skip, variant)
-    return {"skip": list(model.pop.skip), "variant": model.pop.variant}
+    model.set_pop(skip, variant, repair)
+    return {"skip": list(model.pop.skip), "variant": model.pop.variant, "repair": model.pop.repair}
 
 
 def pop_stats(worker) -> dict:
     """Counters since the last reset: steps, pop_steps, pruned_tokens, ... (models.new_stats)."""
     model = _pop_model(worker)
     split = None if model.pop_split is None else model.pop_split.state()
-    return dict(model.pop_stats, skip=list(model.pop.skip), variant=model.pop.variant, split=split)
+    return dict(model.pop_stats, skip=list(model.pop.skip), variant=model.pop.variant,
+                repair=model.pop.repair, split=split)
 
 
 def pop_forward_seconds(worker) -> float:

@@ -5,11 +5,15 @@
 
 JOBS: {"cache": DIR, "kv_cache_gib": 1, "jobs": [JOB, ...]}
 JOB:  {"model": DIR, "engine": {LLM keyword arguments},
-       "pop": {"skip": [...], "variant": "pop"} | null (null: the stock architecture),
-       "runs": [{"set": {"skip": [...], "variant": ...} (optional run-time switch),
-                 "prompts": [[ids], ...], "max_tokens": N, "batched": true}]}
+       "pop": {"skip": [...], "variant": "pop", "repair": PATH} | null (null: the stock
+       architecture; repair only for pop_repair),
+       "runs": [{"set": {"skip": [...], "variant": ..., "repair": PATH} (optional run-time
+                 switch), "prompts": [[ids], ...], "max_tokens": N, "batched": true}]}
 Prints one line "POP_DRIVER_RESULT " + JSON: {"jobs": [{"ok": true, "start_s": ..., "runs":
-[{"tokens": [[...]], "stats": {...} | null}]} or {"ok": false, "error": "one line"}, ...]}.
+[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null}]} or {"ok": false,
+"error": "one line"}, ...]}. A run whose switch or generation fails gives {"error": "one line"}
+and the job goes on with its next run. "preemptions" is vLLM's vllm:num_preemptions counter
+(engines started with disable_log_stats=False; null otherwise).
 """
 from __future__ import annotations
 
@@ -47,13 +51,17 @@ def run_job(job: dict) -> dict:
     pop = job.get("pop")
     if pop is not None:
         engine["hf_overrides"] = overrides(job.get("architecture", "LlamaForCausalLM"),
-                                           pop.get("skip", ()), pop.get("variant", "pop"))
+                                           pop.get("skip", ()), pop.get("variant", "pop"),
+                                           pop.get("repair"))
     t0 = time.perf_counter()
     llm = LLM(job["model"], **engine)
     out = {"ok": True, "start_s": round(time.perf_counter() - t0, 2), "runs": []}
     try:
         for run in job.get("runs", []):
-            out["runs"].append(_run(llm, run, pop is not None, SamplingParams))
+            try:
+                out["runs"].append(_run(llm, run, pop is not None, SamplingParams))
+            except Exception as exc:  # a refused switch: one line, the engine carries on
+                out["runs"].append({"error": one_line(exc)})
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm
@@ -64,7 +72,8 @@ def run_job(job: dict) -> dict:
 def _run(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
     if "set" in run:
         llm.collective_rpc("pop_set", args=(run["set"].get("skip", ()),
-                                            run["set"].get("variant", "pop")))
+                                            run["set"].get("variant", "pop"),
+                                            run["set"].get("repair")))
     if is_pop:
         llm.collective_rpc("pop_reset_stats")
     params = SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True)
@@ -75,7 +84,18 @@ def _run(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
     else:
         tokens = [list(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids)
                   for p in prompts]
-    return {"tokens": tokens, "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None}
+    return {"tokens": tokens, "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
+            "preemptions": _preemptions(llm)}
+
+
+def _preemptions(llm) -> int | None:
+    """vLLM's cumulative preemption counter (None when the engine keeps no statistics)."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # noqa: BLE001 - statistics are off (disable_log_stats=True)
+        return None
+    found = [m.value for m in metrics if m.name == "vllm:num_preemptions"]
+    return int(sum(found)) if found else None
 
 
 def _exit_on_term(*_):

@@ -63,10 +63,11 @@ def write_kv(attn, k, v) -> None:
     vattn.unified_kv_cache_update(k, v, attn.layer_name)
 
 
-def project_pruned_kv(a, h_pruned, pos_pruned):
+def project_pruned_kv(a, h_pruned, pos_pruned, kv_proj=None):
     """K (normed where the family norms K, rotated) and V (P, kv) each of pruned tokens from their
-    input-normed hidden states h_pruned (P, D) at positions pos_pruned (P,)."""
-    kv = a.pop_kv(h_pruned)  # (P, 2 kv)
+    input-normed hidden states h_pruned (P, D) at positions pos_pruned (P,); kv_proj: their K/V
+    projection (pop_repair's fitted map; default the layer's own K/V rows)."""
+    kv = (a.pop_kv if kv_proj is None else kv_proj)(h_pruned)  # (P, 2 kv)
     k, v = kv.split([a.kv_size, a.kv_size], dim=-1)
     if _uses_qk_norm(a):
         k = _qk_norm(a, k, a.k_norm)
@@ -75,10 +76,12 @@ def project_pruned_kv(a, h_pruned, pos_pruned):
     return k, v
 
 
-def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, full_metadata):
+def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, full_metadata,
+                 kv_proj=None):
     """hidden, residual: (T, D) each (residual None before the first layer); full_idx (F,),
     pruned_idx (T-F,) flattened token indices; full_metadata() gives the attention metadata of
-    the full tokens. Returns the layer's (hidden, residual)."""
+    the full tokens; kv_proj: the pruned tokens' K/V projection (pop_repair's fitted map; default
+    the layer's own K/V rows). Returns the layer's (hidden, residual)."""
     if residual is None:
         residual = hidden
         h = layer.input_layernorm(hidden)  # (T, D)
@@ -87,7 +90,8 @@ def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, 
     a = layer.self_attn
     n = h.shape[0]
     k_pruned, v_pruned = project_pruned_kv(a, h.index_select(0, pruned_idx),
-                                           positions.index_select(0, pruned_idx))  # (T-F, kv) each
+                                           positions.index_select(0, pruned_idx),
+                                           kv_proj)  # (T-F, kv) each
     if full_idx.numel() == 0:  # a chunk from the middle of prompts: K/V only, pass through
         write_kv(a.attn, k_pruned, v_pruned)  # pruned_idx is every token here, in order
         return torch.zeros_like(residual), residual

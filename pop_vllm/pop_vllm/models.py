@@ -20,6 +20,7 @@ from vllm.model_executor.models.mistral import MistralForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
+from . import repair as pop_repair
 from . import settings as pop_settings
 from . import step
 from .layer import copy_kv_weights, pruned_layer
@@ -37,7 +38,10 @@ class PopMixin:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         hf = vllm_config.model_config.hf_config
         self.pop_n_layers = hf.num_hidden_layers
-        self.pop = pop_settings.parse(getattr(hf, "pop", None), self.pop_n_layers)
+        self.pop_hf = hf
+        self.pop_dtype = vllm_config.model_config.dtype
+        self.pop_maps = {}  # layer -> KVProjection of pop_repair's fitted maps
+        self._use_settings(pop_settings.parse(getattr(hf, "pop", None), self.pop_n_layers))
         self.pop_stats = new_stats()
         self.pop_forward_s = 0.0  # model forward seconds in this worker, all steps
         self._check_layers()
@@ -59,8 +63,19 @@ class PopMixin:
             if getattr(a, "do_llama_4_scaling", False):
                 raise PopSettingsError("Llama-4 attention scaling is not supported by the POP plugin")
 
-    def set_pop(self, skip, variant) -> None:
-        self.pop = pop_settings.make(skip, variant, self.pop_n_layers)
+    def set_pop(self, skip, variant, repair=None) -> None:
+        self._use_settings(pop_settings.make(skip, variant, self.pop_n_layers, repair))
+
+    def _use_settings(self, pop) -> None:
+        """Take new settings, loading pop_repair's maps first (bad maps leave the old ones)."""
+        maps = {}
+        if pop.variant == "pop_repair":
+            from vllm.distributed import get_tensor_model_parallel_world_size
+
+            pop_repair.check_settings(pop, self.pop_hf, get_tensor_model_parallel_world_size())
+            device = self.model.embed_tokens.weight.device
+            maps = pop_repair.load_projections(pop, self.pop_hf, self.pop_dtype, device)
+        self.pop, self.pop_maps = pop, maps
 
     def load_weights(self, weights):
         loaded = super().load_weights(weights)
@@ -107,7 +122,8 @@ class PopMixin:
 
         if use_split:
             self.pop_stats["split_steps"] += 1
-            return split.forward(m, input_ids, positions, full_idx, pruned_idx, ctx, full_metadata)
+            return split.forward(m, input_ids, positions, full_idx, pruned_idx, ctx, full_metadata,
+                                 self.pop_maps)
         hidden = inputs_embeds if inputs_embeds is not None else m.embed_input_ids(input_ids)
         residual = None
         skip = set(self.pop.skip)
@@ -117,14 +133,14 @@ class PopMixin:
                 hidden, residual = layer(positions, hidden, residual)
                 continue
             hidden, residual = pruned_layer(layer, positions, hidden, residual, full_idx,
-                                            pruned_idx, ctx, full_metadata)
+                                            pruned_idx, ctx, full_metadata, self.pop_maps.get(i))
         hidden, _ = m.norm(hidden, residual)
         return hidden
 
 
 def new_stats() -> dict:
     return {"steps": 0, "pop_steps": 0, "pruned_tokens": 0, "full_tokens_in_pop_steps": 0,
-            "decode_only_steps": 0, "decode_only_pop_steps": 0,
+            "decode_only_steps": 0, "decode_only_pop_steps": 0, "recomputed_tokens": 0,
             "split_steps": 0}  # POP steps taken by split.py (the rest ran the eager loop)
 
 
@@ -132,6 +148,7 @@ def count(stats: dict, facts, p) -> None:
     stats["steps"] += 1
     decode_only = bool((facts.computed >= facts.prompt_len).all())
     stats["decode_only_steps"] += decode_only
+    stats["recomputed_tokens"] += facts.recomputed()  # > 0 only after a preemption
     if p.needs_pop:
         stats["pop_steps"] += 1
         stats["decode_only_pop_steps"] += decode_only

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-VARIANTS = ("full", "pop", "pop_no_boundary")
+VARIANTS = ("full", "pop", "pop_no_boundary", "pop_repair")  # pop_repair: pop's plan, fitted K/V maps
 
 
 def check_variant(variant: str) -> None:
@@ -30,7 +30,7 @@ def first_full_position(prompt_len: np.ndarray, variant: str) -> np.ndarray:
     prompt_len = np.asarray(prompt_len, dtype=np.int64)
     if variant == "full":
         return np.zeros_like(prompt_len)
-    if variant == "pop":
+    if variant in ("pop", "pop_repair"):
         return np.maximum(prompt_len - 1, 0)  # x_N (position N-1) is the boundary token
     return prompt_len  # pop_no_boundary: x_N takes the pruned path too
 

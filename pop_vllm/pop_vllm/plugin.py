@@ -40,8 +40,11 @@ def register() -> None:
 
 def check_config(vllm_config) -> None:
     """Settings the POP models cannot run with, as one-line PopSettingsErrors."""
+    from .repair import check_settings
+
     hf = vllm_config.model_config.hf_config
-    parse(getattr(hf, "pop", None), hf.num_hidden_layers)
+    pop = parse(getattr(hf, "pop", None), hf.num_hidden_layers)
+    check_settings(pop, hf, vllm_config.parallel_config.tensor_parallel_size)
     if vllm_config.cache_config.enable_prefix_caching:
         raise PopSettingsError("prefix caching breaks exact POP (a cached block may hold K/V from "
                                "another variant): start the engine with enable_prefix_caching=False "

@@ -3,9 +3,12 @@
 Given through vLLM's hf_overrides, e.g.
     hf_overrides={"architectures": ["PopLlamaForCausalLM"], "pop": {"skip": [20, 21], "variant": "pop"}}
 (`pop_vllm.overrides` builds that dict). An empty skip set or variant "full" is the stock model.
+Variant pop_repair also names its fitted K/V maps: {"skip": [...], "variant": "pop_repair",
+"repair": "/abs/path.safetensors"} (repair.py reads and checks them).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .plan import VARIANTS, check_variant
@@ -25,10 +28,18 @@ class PopSettingsError(ValueError):
     """POP settings the model or engine cannot take; the message is one line."""
 
 
+# POP Lab's variant the plugin refuses, and why (docs/serving.md, "Variants").
+NO_KV_REASON = ("variant pop_no_kv is not supported in vLLM: its skipped layers keep no prompt K/V, "
+                "but every layer of a KV-cache group shares one block table and sequence length "
+                "per request (vLLM 0.32 has no per-layer sequence lengths), and zero or unused K/V "
+                "slots would change what x_N and decode attend to; use pop or pop_repair")
+
+
 @dataclass(frozen=True)
 class PopSettings:
     skip: tuple[int, ...] = ()
     variant: str = "pop"
+    repair: str | None = None  # pop_repair: absolute path of the maps' safetensors file
 
     @property
     def active(self) -> bool:
@@ -42,13 +53,16 @@ def parse(raw, n_layers: int) -> PopSettings:
     if not isinstance(raw, dict):
         raise PopSettingsError(f"pop settings must be a dict like {{'skip': [...], 'variant': 'pop'}}, "
                                f"got {type(raw).__name__}")
-    unknown = sorted(set(raw) - {"skip", "variant"})
+    unknown = sorted(set(raw) - {"skip", "variant", "repair"})
     if unknown:
-        raise PopSettingsError(f"unknown pop setting(s) {', '.join(unknown)}; use skip and variant")
-    return make(raw.get("skip", ()), raw.get("variant", "pop"), n_layers)
+        raise PopSettingsError(f"unknown pop setting(s) {', '.join(unknown)}; use skip, variant "
+                               "and repair")
+    return make(raw.get("skip", ()), raw.get("variant", "pop"), n_layers, raw.get("repair"))
 
 
-def make(skip, variant, n_layers: int) -> PopSettings:
+def make(skip, variant, n_layers: int, repair=None) -> PopSettings:
+    if variant == "pop_no_kv":
+        raise PopSettingsError(NO_KV_REASON)
     if variant not in VARIANTS:
         raise PopSettingsError(f"unknown POP variant {variant!r}; choose from {', '.join(VARIANTS)}")
     check_variant(variant)
@@ -65,13 +79,34 @@ def make(skip, variant, n_layers: int) -> PopSettings:
     if bad:
         raise PopSettingsError(f"skip layer(s) {', '.join(map(str, bad))} out of range: the model has "
                                f"{n_layers} layers (0..{n_layers - 1})")
-    return PopSettings(tuple(layers), variant)
+    return PopSettings(tuple(layers), variant, _repair_path(repair, variant, layers))
 
 
-def overrides(architecture: str, skip=(), variant: str = "pop") -> dict:
+def _repair_path(repair, variant: str, layers) -> str | None:
+    """The maps file of pop_repair (checked to exist; its contents are checked by repair.py)."""
+    if variant != "pop_repair":
+        if repair is not None:
+            raise PopSettingsError(f"a repair maps file is used by variant pop_repair only, not "
+                                   f"{variant}")
+        return None
+    if not layers:
+        raise PopSettingsError("variant pop_repair needs a non-empty skip set")
+    if not repair:
+        raise PopSettingsError("variant pop_repair needs a repair maps file: pop settings "
+                               "{'repair': '/abs/path/KEY.safetensors'}")
+    if not isinstance(repair, str) or not os.path.isabs(repair):
+        raise PopSettingsError(f"the repair maps file must be an absolute path, got {repair!r:.200}")
+    if not os.path.isfile(repair):
+        raise PopSettingsError(f"repair maps file {repair:.200} does not exist")
+    return repair
+
+
+def overrides(architecture: str, skip=(), variant: str = "pop", repair: str | None = None) -> dict:
     """hf_overrides selecting the POP variant of `architecture` with these settings."""
     if architecture not in ARCHITECTURES:
         raise PopSettingsError(f"architecture {architecture} is not supported by the POP plugin "
                                f"(supported: {', '.join(ARCHITECTURES)})")
-    return {"architectures": [ARCHITECTURES[architecture]],
-            "pop": {"skip": sorted(int(i) for i in skip), "variant": variant}}
+    pop = {"skip": sorted(int(i) for i in skip), "variant": variant}
+    if repair is not None:
+        pop["repair"] = str(repair)
+    return {"architectures": [ARCHITECTURES[architecture]], "pop": pop}

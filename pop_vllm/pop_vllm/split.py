@@ -122,8 +122,10 @@ class Split:
             self.top(positions, hidden, residual)
         self.warm = True
 
-    def forward(self, model, input_ids, positions, full_idx, pruned_idx, ctx, full_metadata):
-        """One POP step; returns the final-normed hidden states (T, D) (pruned rows unused)."""
+    def forward(self, model, input_ids, positions, full_idx, pruned_idx, ctx, full_metadata,
+                maps=None):
+        """One POP step; returns the final-normed hidden states (T, D) (pruned rows unused).
+        maps: layer -> the pruned tokens' K/V projection (pop_repair), else the layers' own."""
         hidden_in, residual_in = self.lower(input_ids, positions)  # (T, D) each
         x = hidden_in + residual_in  # (T, D) x_f, what reaches the block
         x_pruned = x.index_select(0, pruned_idx)  # (P, D)
@@ -135,7 +137,8 @@ class Split:
             for i in self.skip:
                 layer = model.layers[i]
                 a = layer.self_attn
-                k, v = project_pruned_kv(a, layer.input_layernorm(x_pruned), pos_pruned)  # (P, kv)
+                k, v = project_pruned_kv(a, layer.input_layernorm(x_pruned), pos_pruned,
+                                         (maps or {}).get(i))  # (P, kv) each
                 slots[a.attn.layer_name] = saved_slots[a.attn.layer_name].index_select(0, pruned_idx)
                 write_kv(a.attn, k, v)
         finally:

@@ -22,6 +22,17 @@ class StepFacts:
     computed: np.ndarray  # (R,) tokens already in the KV cache before this step
     scheduled: np.ndarray  # (R,) tokens of this step
     groups: list  # [(AttentionGroup, CommonAttentionMetadata)] built for this step
+    num_tokens: np.ndarray | None = None  # (R,) prompt + generated tokens known so far
+
+    def recomputed(self) -> int:
+        """Generated tokens recomputed in this step: positions from the prompt length up to the
+        newest token (excluded) that are scheduled again, which happens only when a preempted
+        request resumes (a decode step schedules just the newest token)."""
+        if self.num_tokens is None:
+            return 0
+        lo = np.maximum(self.computed, self.prompt_len)  # (R,)
+        hi = np.minimum(self.computed + self.scheduled, self.num_tokens - 1)  # (R,)
+        return int(np.clip(hi - lo, 0, None).sum())
 
 
 _current: StepFacts | None = None
@@ -55,7 +66,8 @@ def install() -> None:
         _current = StepFacts(prompt_len=batch.num_prompt_tokens[:n].copy(),
                              computed=batch.num_computed_tokens_cpu[:n].copy(),
                              scheduled=np.diff(qsl).astype(np.int64),
-                             groups=list(_groups.values()))
+                             groups=list(_groups.values()),
+                             num_tokens=batch.num_tokens_no_spec[:n].copy())
         try:
             return forward(self, *args, **kwargs)
         finally:
