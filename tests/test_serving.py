@@ -1,8 +1,9 @@
 """The vLLM server lifecycle (pop_analysis.serving) against a real engine on the embedded model.
 
 Three engine starts: one that dies for an unsupported architecture (fails early), a POP engine
-from the `serve` command whose process is SIGKILLed (the watchdog must end the engine), and one
-that serves, is stopped, and whose front end is killed mid-run. A missing serving venv fails this module with the command that builds it.
+from the `serve` command whose greedy tokens over HTTP must equal POP Lab's pop and whose process
+is then SIGKILLed (the watchdog must end the engine), and one that serves, is stopped, and whose
+front end is killed mid-run. A missing serving venv fails this module with the command that builds it.
 """
 import json
 import os
@@ -89,6 +90,22 @@ def test_bad_settings_one_line(spec, tmp_path):
     assert "GPT2LMHeadModel" in one_line(e)
 
 
+def test_pop_repair_spec_passes_the_maps_file(spec, tmp_path):
+    from pop_analysis.serving.server import command
+
+    maps = str(tmp_path / "KEY.safetensors")
+    s = make_spec("smollm2-135m", (20, 21), "pop_repair", repair=maps)
+    cmd = command(s, "python", 8000)
+    pop = json.loads(cmd[cmd.index("--hf-overrides") + 1])["pop"]
+    assert pop == {"skip": [20, 21], "variant": "pop_repair", "repair": maps}
+    for args, words in ((((20,), "pop_repair"), "needs a repair"),
+                        (((20,), "pop", maps), "pop_repair only"),
+                        (((20,), "pop_no_kv"), "not served")):
+        with pytest.raises(ServingError) as e:
+            make_spec("smollm2-135m", *args)
+        assert words in one_line(e)
+
+
 def test_unsupported_architecture_one_line(spec, tmp_path):
     """Stock vLLM refuses an architecture it does not know: the engine's death reads as one line."""
     cfg = json.loads((Path(spec.model_dir) / "config.json").read_text())
@@ -116,16 +133,45 @@ def test_cli_bad_input_one_line():
         for args, words in ((["serve", "--port", str(port), "--variant", "full"], "in use"),
                             (["serve-bench", "--request-rates", "0"], "positive"),
                             (["serve-bench", "--input-len", "5000"], "prompt tokens"),
-                            (["serve", "--skip", "40", "--port", "0"], "40")):
+                            (["serve", "--skip", "40", "--port", "0"], "40"),
+                            (["serve", "--variant", "pop_repair", "--skip", "20-29"], "--repair"),
+                            (["serve", "--repair", "auto", "--skip", "20-29"], "pop_repair"),
+                            (["serve-bench", "--variant", "pop_repair", "--skip", "20-29",
+                              "--repair", "0123456789abcdef0123"], "no stored repair")):
             p = cli(*args)
             out, err = p.communicate(timeout=120)
             assert p.returncode == 1 and err.count("\n") == 1 and words in err, (args, err)
 
 
-def test_cli_serve_pop_then_parent_killed(spec):
-    """`serve` prints its URL and command; SIGKILL of the CLI (no atexit) ends the engine."""
+HTTP_TEXTS = ["What is the capital of France?", "List three prime numbers.",
+              "Explain in one sentence why the sky is blue."]
+
+
+def pop_lab_tokens(lm, variant: str, skip, n_new: int = 8):
+    from pop_analysis.engine.generate import SamplingConfig, encode, run
+
+    prompts = [encode(lm, t) for t in HTTP_TEXTS]
+    cfg = SamplingConfig(max_new_tokens=n_new, stop_at_eos=False)
+    return prompts, [run(lm, ids, variant, tuple(skip), cfg).token_ids for ids in prompts]
+
+
+def completion_token_ids(url: str, prompts, n_new: int = 8) -> list[list[int]]:
+    """Greedy completions of token-id prompts in one request (served as one batch), as the
+    generated token ids vLLM returns (return_token_ids)."""
+    body = json.dumps({"model": "smollm2-135m", "prompt": prompts, "max_tokens": n_new,
+                       "temperature": 0, "ignore_eos": True, "return_token_ids": True}).encode()
+    req = urllib.request.Request(f"{url}/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        choices = sorted(json.load(r)["choices"], key=lambda c: c["index"])
+    return [c["token_ids"] for c in choices]
+
+
+def test_cli_serve_pop_then_parent_killed(spec, embedded):
+    """`serve` prints its URL and command; its greedy tokens over HTTP equal POP Lab's pop;
+    SIGKILL of the CLI (no atexit) ends the engine."""
     p = cli("serve", "--skip", "20-29", "--port", "0", "--max-model-len", "1024", "--json")
     try:
+        prompts, want = pop_lab_tokens(embedded, "pop", range(20, 30))  # while the engine starts
         info = json.loads(p.stdout.readline())
         assert info["url"].startswith("http://127.0.0.1:") and info["skip_layers"] == list(range(20, 30))
         assert "--hf-overrides" in info["command"] and "PopLlamaForCausalLM" in info["command"]
@@ -135,6 +181,8 @@ def test_cli_serve_pop_then_parent_killed(spec):
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as r:
             assert json.load(r)["choices"][0]["text"].strip()
+        assert completion_token_ids(info["url"], prompts) == want
+        assert want != pop_lab_tokens(embedded, "full", ())[1]  # POP changes them: it can fail
         engines = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
                    if _parent(pid) == p.pid]
         assert engines, "no watchdog under the CLI"

@@ -16,7 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pop_vllm"))
 
 from pop_vllm.engine_env import engine_env  # noqa: E402
 from pop_vllm.plan import VARIANTS, first_full_position, plan_step  # noqa: E402
+from pop_vllm.repair import check_maps  # noqa: E402
 from pop_vllm.settings import PopSettingsError, make, overrides, parse  # noqa: E402
+from pop_vllm.step import StepFacts  # noqa: E402
 
 settings.register_profile("plan", max_examples=150, deadline=None, derandomize=True, database=None)
 settings.load_profile("plan")
@@ -93,7 +95,8 @@ def test_chunked_prompt_prunes_exactly_the_prefix(n_prompt, chunks, variant):
         pruned += p.n_pruned
         full_at += [done + int(i) for i in p.full_index]
         done += n
-    want = {"full": 0, "pop": n_prompt - 1, "pop_no_boundary": n_prompt}[variant]
+    want = {"full": 0, "pop": n_prompt - 1, "pop_repair": n_prompt - 1,
+            "pop_no_boundary": n_prompt}[variant]
     assert pruned == want
     assert full_at == list(range(want, n_prompt + 3))
 
@@ -132,6 +135,57 @@ def test_settings_and_overrides():
     assert o == {"architectures": ["PopLlamaForCausalLM"], "pop": {"skip": [21, 22], "variant": "pop"}}
     with pytest.raises(PopSettingsError, match="not supported by the POP plugin"):
         overrides("GPT2LMHeadModel", [1])
+
+
+def test_pop_repair_settings(tmp_path):
+    maps = tmp_path / "r.safetensors"
+    maps.write_bytes(b"")
+    s = parse({"skip": [3, 4], "variant": "pop_repair", "repair": str(maps)}, 30)
+    assert s.repair == str(maps) and s.active
+    assert overrides("LlamaForCausalLM", [4, 3], "pop_repair", str(maps))["pop"] == {
+        "skip": [3, 4], "variant": "pop_repair", "repair": str(maps)}
+    for raw, message in (({"skip": [3], "variant": "pop_repair"}, "needs a repair maps file"),
+                         ({"skip": [3], "variant": "pop_repair", "repair": "r.safetensors"},
+                          "must be an absolute path"),
+                         ({"skip": [3], "variant": "pop_repair", "repair": str(tmp_path / "no")},
+                          "does not exist"),
+                         ({"skip": [3], "variant": "pop", "repair": str(maps)},
+                          "used by variant pop_repair only"),
+                         ({"skip": [3], "variant": "pop_no_kv"}, "per-layer sequence lengths")):
+        with pytest.raises(PopSettingsError, match=message) as info:
+            parse(raw, 30)
+        assert "\n" not in str(info.value)
+
+
+def test_repair_maps_must_cover_the_skip_set_with_the_model_shapes(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    good = {f"{i}.{n}.{p}": torch.zeros((8, 16) if p == "weight" else (8,))
+            for i in (3, 4) for n in "kv" for p in ("weight", "bias")}
+    path = str(tmp_path / "m.safetensors")
+    save_file(good, path)
+    check_maps(path, (3, 4), hidden=16, kv_dim=8)
+    for args, message in ((((3,), 16, 8), r"layers \[3, 4\].*not exactly skip set \[3\]"),
+                          (((3, 4, 5), 16, 8), "not exactly skip set"),
+                          (((3, 4), 32, 8), r"does not fit this model.*\[8, 16\] \(want \[8, 32\]\)")):
+        with pytest.raises(PopSettingsError, match=message):
+            check_maps(path, *args)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(PopSettingsError, match="unreadable"):
+        check_maps(str(tmp_path / "bad.safetensors"), (3, 4), 16, 8)
+
+
+def test_recomputed_counts_only_generated_tokens_scheduled_again():
+    def facts(prompt, computed, scheduled, known):
+        return StepFacts(np.array(prompt), np.array(computed), np.array(scheduled), [],
+                         np.array(known))
+    # prefill chunks and a decode step (the newest token only): nothing recomputed
+    assert facts([10, 5], [0, 7], [6, 1], [10, 8]).recomputed() == 0
+    assert facts([10], [6], [4], [10]).recomputed() == 0
+    # a preempted request with 5 generated tokens resumes: positions 10..13 again, in 2 chunks
+    assert facts([10], [0], [12], [15]).recomputed() == 2
+    assert facts([10], [12], [3], [15]).recomputed() == 2
 
 
 def test_engine_env_stays_local(tmp_path):

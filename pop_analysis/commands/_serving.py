@@ -6,7 +6,7 @@ import sys
 from pop_analysis.engine.models import DEFAULT_MODEL
 from pop_analysis.serving.server import START_TIMEOUT_S
 from pop_analysis.serving.spec import VARIANTS, make_spec, model_dir, n_layers
-from pop_analysis.commands._common import skip_from_args
+from pop_analysis.commands._common import quiet_hf, skip_from_args
 from pop_analysis.commands._repair import add_repair_arg
 
 
@@ -41,6 +41,7 @@ def spec_from_args(args, variant: str | None = None, port: int = 0):
         from pop_analysis.serving.repair_maps import resolve
 
         make_spec(args.model, skip, "pop")  # a bad skip set or model fails before loading it
+        quiet_hf()
         repair = resolve(args.model, skip, args.repair, terminal_bar)
     return make_spec(args.model, skip, variant, repair=repair, port=port,
                      kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,

@@ -41,5 +41,10 @@ def resolve(model: str, skip, spec: str | None, progress=None) -> str:
     if not spec:
         raise ValueError("the pop_repair variant needs --repair KEY or --repair auto")
     from pop_analysis.engine.models import load_model
+    from pop_analysis.engine.pop import RepairError
+    from pop_analysis.repair.store import maps_file
+
+    if spec != "auto" and not (maps_file(spec) or Path("/nonexistent")).is_file():  # before loading
+        raise RepairError(f"no stored repair {spec!r:.40} (python -m pop_analysis repair list)")
 
     return maps_path(load_model(model, device="cpu"), skip, spec, progress)
