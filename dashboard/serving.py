@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import jobs, state
+from dashboard import jobs, repair_panel, state
 from pop_analysis.errors import first_line
 from pop_analysis.progress import Tracker, duration
 from pop_analysis.serving import venv
@@ -72,11 +72,31 @@ def start_install() -> None:
     jobs.start("serve_install", f"Installing vLLM ({venv.DOWNLOAD})", run, done)
 
 
-def start_engines(model: str, skip, variant: str) -> None:
+VARIANT_LABELS = {"pop": "POP, switched to full and back at run time",
+                  "pop_repair": "POP with the newest stored K/V repair, switched to full and back",
+                  "full": "full only (A/A noise check)"}
+
+
+def variants(lm, skip) -> tuple[str, ...]:
+    """What the POP engine can serve: pop_repair only where a stored repair fits the skip set."""
+    return ("pop", "pop_repair", "full") if repair_panel.stored_key(lm, skip) else ("pop", "full")
+
+
+def start_engines(model: str, skip, variant: str, lm=None) -> None:
+    """Start the engines; pop_repair serves the newest stored repair for `skip` (needs `lm`)."""
     stop()
-    spec = make_spec(model, tuple(skip), variant)
+    make_spec(model, tuple(skip), "pop" if variant == "pop_repair" else variant)  # fails here
 
     def run(monitor):
+        repair = None
+        if variant == "pop_repair":  # under the model's run lock: checking it attaches maps
+            from pop_analysis.serving.repair_maps import maps_path
+
+            key = repair_panel.stored_key(lm, skip)
+            if key is None:
+                raise ValueError("no stored repair fits this skip set (fit one on the Skip set page)")
+            repair = maps_path(lm, skip, key)
+        spec = make_spec(model, tuple(skip), variant, repair=repair)
         return Serving(spec, progress=_steps(monitor)), False
 
     def done(job):

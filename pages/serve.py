@@ -42,16 +42,16 @@ s = serving.current()
 with st.container(border=True):
     st.subheader("Engines")
     c = st.columns([2, 1, 1], vertical_alignment="bottom")
-    variant = c[0].radio("POP engine serves", ("pop", "full"), horizontal=True,
-                         key=state.kept("serve.variant", "pop", ("pop", "full")),
-                         format_func={"pop": "POP, switched to full and back at run time",
-                                      "full": "full only (A/A noise check)"}.get)
+    options = serving.variants(lm, skip)  # pop_repair where a stored repair fits the skip set
+    variant = c[0].radio("POP engine serves", options, horizontal=True,
+                         key=state.kept("serve.variant", "pop", options),
+                         format_func=serving.VARIANT_LABELS.get)
     starting = jobs.running("serve_start")
     if c[1].button("Start" if s is None else "Restart", type="primary", key="serve.start",
                    disabled=starting):
         try:
-            serving.start_engines(model, skip, variant)
-        except (venv.ServingError, ValueError) as e:  # a model the engine cannot serve
+            serving.start_engines(model, skip, variant, lm)
+        except (venv.ServingError, ValueError) as e:  # RepairError is a ValueError  # a model the engine cannot serve
             st.error(f"The engine did not start: {e}")
     c[2].button("Stop", key="serve.stop", on_click=serving.stop, disabled=s is None)
     jobs.panel("serve_start")

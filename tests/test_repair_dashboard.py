@@ -1,6 +1,6 @@
 """The K/V repair on the dashboard (AppTest, embedded model): the Skip set page fits and lists
-repairs; Generate, Drift and Sweeps offer pop_repair only where a stored repair exists for the
-model and skip set. One fit (layers 20-29, the paper's third; 48 built-in prompts) in a temporary
+repairs; Generate, Drift, Sweeps and Serve (its engine's variants; the serving venv must be built)
+offer pop_repair only where a stored repair exists for the model and skip set. One fit (layers 20-29, the paper's third; 48 built-in prompts) in a temporary
 store."""
 from pathlib import Path
 
@@ -9,6 +9,12 @@ from streamlit.testing.v1 import AppTest
 
 from apptest_util import wait_jobs
 from dashboard.repair_panel import LABEL
+from dashboard.serving import VARIANT_LABELS
+
+
+def serves(*variants) -> list[str]:
+    """The Serve page's engine choices, as the radio shows them."""
+    return [VARIANT_LABELS[v] for v in variants]
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
 SKIP = tuple(range(20, 30))
@@ -48,6 +54,7 @@ def test_before_any_fit_pop_repair_is_not_offered():
     assert at.radio(key="drift.variant").options == ["POP"]
     at = page("sweeps")
     assert at.checkbox(key="sw.repair").disabled
+    assert page("serve").radio(key="serve.variant").options == serves("pop", "full")
 
 
 def test_too_few_tokens_and_a_scattered_skip_set_are_one_line_where_the_user_acted():
@@ -98,8 +105,10 @@ def test_fit_lists_the_repair_and_the_pages_offer_pop_repair():
     assert "Layers 24-29; 22-29; 18-29; 15-29; 12-29 have no stored repair yet" in said(at.caption)
     at.selectbox(key="sw.kind").set_value("ablation").run()  # the paper's third: stored
     assert not at.checkbox(key="sw.repair").disabled and "no stored repair" not in said(at.caption)
+    assert page("serve").radio(key="serve.variant").options == serves("pop", "pop_repair", "full")
 
 
 def test_a_repair_of_another_skip_set_is_not_offered():
     at = page("generate", range(21, 30))
     assert LABEL not in at.selectbox(key="gen.variant").options
+    assert page("serve", range(21, 30)).radio(key="serve.variant").options == serves("pop", "full")

@@ -18,21 +18,21 @@ def maps_path(lm, skip, spec: str, progress=None) -> str:
     one-line RepairError / ServingError when there is none that fits."""
     from pop_analysis.repair.store import ensure, maps_file
 
-    rep = ensure(lm, skip, spec, progress)  # refuses another model or skip set in one line
-    lm.adapter.kv_maps.pop(tuple(rep.skip), None)  # only the engine uses them
+    key = tuple(sorted(int(i) for i in skip))
+    before = lm.adapter.kv_maps.get(key)  # a repair attached for POP Lab's own runs stays
+    try:
+        rep = ensure(lm, skip, spec, progress)  # refuses another model or skip set in one line
+    finally:
+        if before is None:
+            lm.adapter.kv_maps.pop(key, None)
+        else:
+            lm.adapter.kv_maps[key] = before
     path = maps_file(rep.key) if rep.key else None
     if path is None or not path.is_file():
         raise ServingError(f"repair {rep.key or '(unsaved)'} has no maps file in the store (the "
                            "engine reads the maps from it); check that cache/results/repair is "
                            "writable and fit it again")
     return str(Path(path).resolve())
-
-
-def stored_for(lm, skip) -> list[str]:
-    """Keys of the usable stored repairs for this model and skip set, newest first."""
-    from pop_analysis.repair.store import entries, unusable
-
-    return [e["key"] for e in entries(lm, skip) if unusable(e["key"], e["params"]) is None]
 
 
 def resolve(model: str, skip, spec: str | None, progress=None) -> str:
@@ -44,7 +44,7 @@ def resolve(model: str, skip, spec: str | None, progress=None) -> str:
     from pop_analysis.engine.pop import RepairError
     from pop_analysis.repair.store import maps_file
 
-    if spec != "auto" and not (maps_file(spec) or Path("/nonexistent")).is_file():  # before loading
+    stored = maps_file(spec) if spec != "auto" else None
+    if spec != "auto" and (stored is None or not stored.is_file()):  # before loading the model
         raise RepairError(f"no stored repair {spec!r:.40} (python -m pop_analysis repair list)")
-
     return maps_path(load_model(model, device="cpu"), skip, spec, progress)
