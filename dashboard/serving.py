@@ -90,7 +90,7 @@ def start_engines(model: str, skip, variant: str, lm=None) -> None:
     def run(monitor):
         repair = None
         if variant == "pop_repair":  # under the model's run lock: checking it attaches maps
-            from pop_analysis.serving.repair_maps import maps_path
+            from pop_analysis.repair.store import maps_path
 
             key = repair_panel.stored_key(lm, skip)
             if key is None:

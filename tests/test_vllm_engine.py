@@ -18,7 +18,7 @@ from vllm_driver import Driver, check_venv, ok
 from pop_analysis.engine.generate import SamplingConfig, encode, run
 from pop_analysis.repair import store as repair_store
 from pop_analysis.repair.fit import RepairConfig, fit_repair
-from pop_analysis.serving.repair_maps import maps_path
+from pop_analysis.repair.store import maps_path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "cache" / "models" / "smollm2-135m"

@@ -37,15 +37,27 @@ def spec_from_args(args, variant: str | None = None, port: int = 0):
     if variant == "pop_repair" or args.repair:
         if variant != "pop_repair":
             raise ValueError(f"--repair is for --variant pop_repair, not {variant}")
-        from pop_analysis.progress import terminal_bar
-        from pop_analysis.serving.repair_maps import resolve
-
         make_spec(args.model, skip, "pop")  # a bad skip set or model fails before loading it
-        quiet_hf()
-        repair = resolve(args.model, skip, args.repair, terminal_bar)
+        repair = repair_file(args.model, skip, args.repair)
     return make_spec(args.model, skip, variant, repair=repair, port=port,
                      kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
                      dtype=args.dtype, eager=not args.compiled)
+
+
+def repair_file(model: str, skip, spec: str | None) -> str:
+    """--repair KEY|auto -> the stored maps file the engine's pop_repair reads. The model is
+    loaded in POP Lab: the repair's model check (and a fit, for auto without one) needs it."""
+    from pop_analysis.engine.models import load_model
+    from pop_analysis.engine.pop import RepairError
+    from pop_analysis.progress import terminal_bar
+    from pop_analysis.repair.store import entry_exists, maps_path
+
+    if not spec:
+        raise ValueError("the pop_repair variant needs --repair KEY or --repair auto")
+    if spec != "auto" and not entry_exists(spec):  # before the model loads
+        raise RepairError(f"no stored repair {spec!r:.40} (python -m pop_analysis repair list)")
+    quiet_hf()
+    return maps_path(load_model(model, device="cpu"), skip, spec, terminal_bar)
 
 
 def stderr_progress(what: str):

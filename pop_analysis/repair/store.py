@@ -44,9 +44,10 @@ def _path(key: str) -> Path | None:
     return None if entry is None else entry.with_suffix(".safetensors")
 
 
-def maps_file(key: str) -> Path | None:
-    """The maps' file of a stored repair (what vLLM's pop_repair reads); None for a non-key."""
-    return _path(key)
+def entry_exists(key: str) -> bool:
+    """Whether `key` names a stored repair with its maps file (nothing is read)."""
+    path = _path(key)
+    return path is not None and path.is_file() and store.entry_path(KIND, key).is_file()
 
 
 def save(rep: Repair) -> Repair:
@@ -244,6 +245,27 @@ def ensure(lm, skip, spec="auto", progress=None) -> Repair:
                 store.warn(f"{e}; trying the next one, else fitting a new one")
         return attach(lm, fit_and_store(lm, skip, RepairConfig(), progress)[0], skip)
     return attach(lm, load(str(spec)), skip)
+
+
+def maps_path(lm, skip, spec="auto", progress=None) -> str:
+    """Absolute path of the maps file of repair `spec` (KEY or "auto", as in `ensure`) for `lm`
+    and `skip`, the file vLLM's pop_repair reads; one-line RepairError when none fits. A repair
+    already attached for this skip set stays attached (the check attaches it for a moment)."""
+    key = tuple(sorted(int(i) for i in skip))
+    before = lm.adapter.kv_maps.get(key)
+    try:
+        rep = ensure(lm, skip, spec, progress)  # refuses another model or skip set in one line
+    finally:
+        if before is None:
+            lm.adapter.kv_maps.pop(key, None)
+        else:
+            lm.adapter.kv_maps[key] = before
+    path = _path(rep.key) if rep.key else None
+    if path is None or not path.is_file():
+        raise RepairError(f"repair {rep.key or '(unsaved)'} has no maps file under "
+                          f"{store.results_dir(KIND)} (the engine reads the maps from it); make "
+                          "that folder writable and fit it again")
+    return str(path.resolve())
 
 
 def memory(lm, rep: Repair) -> dict:

@@ -34,7 +34,7 @@ def n_layers(directory: str) -> int:
 def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: str | None = None,
               **engine) -> EngineSpec:
     """The engine for `model` (registry name or directory) with this skip set and variant;
-    `repair`: the maps file of pop_repair (repair_maps.maps_path)."""
+    `repair`: the maps file of pop_repair (repair.store.maps_path)."""
     if variant == "pop_no_kv":
         raise ServingError("variant pop_no_kv is not served: in vLLM every layer shares one KV "
                            "block table per request, so skipped layers cannot keep fewer tokens "
