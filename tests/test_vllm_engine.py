@@ -25,6 +25,7 @@ MODEL = ROOT / "cache" / "models" / "smollm2-135m"
 N_NEW = 8
 TAIL = list(range(20, 30))  # the last third of 30 layers
 SPLIT = [8, 12, 20, 21, 22, 23, 24]  # a non-contiguous skip set
+UPPER = list(range(25, 30))  # a repair of another block than the engine's: the eager layer loop
 TEXTS = [
     "What is the capital of France?",
     "Write a haiku about autumn leaves.",
@@ -75,6 +76,7 @@ def _jobs(prompts, maps) -> dict:
         {"set": repair("other_skip"), "prompts": prompts[:1], "max_tokens": 1},  # 8: refused
         {"set": {"skip": TAIL, "variant": "pop_no_kv"}, "prompts": prompts[:1], "max_tokens": 1},
         {"prompts": prompts[:1], "max_tokens": N_NEW},  # 10: still the zeros maps
+        {"set": repair("upper", UPPER), "prompts": prompts, "max_tokens": N_NEW},
     ]
     preempt = [{"prompts": prompts, "max_tokens": N_PREEMPT},
                {"set": {"skip": TAIL, "variant": "pop"}, "prompts": prompts, "max_tokens": N_PREEMPT}]
@@ -114,31 +116,36 @@ def engine(embedded, tmp_path_factory):
     prompts = [encode(embedded, t) for t in TEXTS]
     with pytest.MonkeyPatch.context() as mp:  # the repair goes to a temporary store
         mp.setenv("POP_LAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-        rep = repair_store.save(fit_repair(embedded, TAIL, RepairConfig(n_samples=48)))
-        maps = {"good": maps_path(embedded, TAIL, rep.key),  # the stored file, as serve finds it
-                **_maps(tmp_path_factory.mktemp("maps"), rep)}
+        reps = {tuple(s): repair_store.save(fit_repair(embedded, s, RepairConfig(n_samples=48)))
+                for s in (TAIL, UPPER)}
+        maps = {"good": maps_path(embedded, TAIL, reps[tuple(TAIL)].key),  # as serve finds it
+                "upper": maps_path(embedded, UPPER, reps[tuple(UPPER)].key),
+                **_maps(tmp_path_factory.mktemp("maps"), reps[tuple(TAIL)])}
         driver = Driver("engine", _jobs(prompts, maps))
         try:
-            ref = _references(embedded, prompts, rep)
+            ref = _references(embedded, prompts, reps)
         finally:
             jobs = driver.results()
     return prompts, jobs, ref, maps
 
 
-def _references(lm, prompts, rep) -> dict:
+def _references(lm, prompts, reps) -> dict:
     cfg = SamplingConfig(max_new_tokens=N_NEW, stop_at_eos=False)
     ref = {(v, tuple(s)): [run(lm, p, v, tuple(s), cfg).token_ids for p in prompts]
            for v, s in [("full", ()), ("pop", TAIL), ("pop", SPLIT), ("pop_no_boundary", TAIL)]}
     long = SamplingConfig(max_new_tokens=N_PREEMPT, stop_at_eos=False)
     ref[("pop", tuple(TAIL), N_PREEMPT)] = [run(lm, p, "pop", TAIL, long).token_ids for p in prompts]
-    repair_store.attach(lm, rep, TAIL)
+    for skip, rep_ in reps.items():
+        repair_store.attach(lm, rep_, skip)
     try:
-        ref[("pop_repair", tuple(TAIL))] = [run(lm, p, "pop_repair", TAIL, cfg).token_ids
-                                            for p in prompts]
+        for skip in reps:
+            ref[("pop_repair", skip)] = [run(lm, p, "pop_repair", skip, cfg).token_ids
+                                         for p in prompts]
         ref[("pop_repair", tuple(TAIL), N_PREEMPT)] = [run(lm, p, "pop_repair", TAIL, long).token_ids
                                                        for p in prompts]
     finally:
-        lm.adapter.kv_maps.pop(tuple(TAIL), None)
+        for skip in reps:
+            lm.adapter.kv_maps.pop(skip, None)
     return ref
 
 
@@ -205,6 +212,10 @@ def test_pop_repair_equals_pop_lab_pop_repair(engine):
     assert good["stats"]["variant"] == "pop_repair" and good["stats"]["repair"] == maps["good"]
     assert good["tokens"] == ref[("pop_repair", tuple(TAIL))]
     assert good["stats"]["pruned_tokens"] == sum(len(p) - 1 for p in prompts)
+    assert good["stats"]["split_steps"] == good["stats"]["pop_steps"]  # split.py's pieces
+    upper = runs[11]  # another block than the engine's: the eager layer loop takes the maps
+    assert upper["stats"]["split_steps"] == 0 and upper["stats"]["pop_steps"] > 0
+    assert upper["tokens"] == ref[("pop_repair", tuple(UPPER))]
     # The maps matter: the repair changes tokens against plain POP, and zeroed maps change them
     # again (a plugin ignoring the maps would give plain POP's tokens in both runs).
     assert ref[("pop_repair", tuple(TAIL))] != ref[("pop", tuple(TAIL))]
