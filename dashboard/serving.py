@@ -82,8 +82,9 @@ def variants(lm, skip) -> tuple[str, ...]:
     return ("pop", "pop_repair", "full") if repair_panel.stored_key(lm, skip) else ("pop", "full")
 
 
-def start_engines(model: str, skip, variant: str, lm=None) -> None:
-    """Start the engines; pop_repair serves the newest stored repair for `skip` (needs `lm`)."""
+def start_engines(model: str, skip, variant: str, lm=None, eager: bool = True) -> None:
+    """Start the engines; pop_repair serves the newest stored repair for `skip` (needs `lm`);
+    eager=False lets vLLM compile (the plugin compiles POP's block too: docs/serving.md)."""
     stop()
     make_spec(model, tuple(skip), "pop" if variant == "pop_repair" else variant)  # fails here
 
@@ -96,7 +97,7 @@ def start_engines(model: str, skip, variant: str, lm=None) -> None:
             if key is None:
                 raise ValueError("no stored repair fits this skip set (fit one on the Skip set page)")
             repair = maps_path(lm, skip, key)
-        spec = make_spec(model, tuple(skip), variant, repair=repair)
+        spec = make_spec(model, tuple(skip), variant, repair=repair, eager=eager)
         return Serving(spec, progress=_steps(monitor)), False
 
     def done(job):
@@ -107,7 +108,7 @@ def start_engines(model: str, skip, variant: str, lm=None) -> None:
         st.session_state[SERVING] = job.result[0]
         return "success", f"Engines ready in {duration(job.seconds)}."
     jobs.start("serve_start", "Starting vLLM", run, done,
-               context={"model": model, "variant": variant})
+               context={"model": model, "variant": variant, "eager": eager})
 
 
 def stop() -> None:

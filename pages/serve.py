@@ -28,8 +28,10 @@ if not venv.ready():
         try:
             venv.python()
         except venv.ServingError as e:
-            st.warning(f"The serving engine is not installed: {e}")
-        st.button(f"Install the serving engine ({venv.DOWNLOAD})", type="primary",
+            st.warning(f"The serving engine is not ready: {e}")
+        label = ("Update the POP plugin (seconds)" if venv.plugin_stale()
+                 else f"Install the serving engine ({venv.DOWNLOAD})")
+        st.button(label, type="primary",
                   key="serve.install", on_click=serving.start_install,
                   disabled=jobs.running("serve_install"))
         jobs.panel("serve_install")
@@ -46,28 +48,35 @@ with st.container(border=True):
     variant = c[0].radio("POP engine serves", options, horizontal=True,
                          key=state.kept("serve.variant", "pop", options),
                          format_func=serving.VARIANT_LABELS.get)
+    compiled = c[0].toggle("Compiled (faster prefill, slower start)",
+                           key=state.kept("serve.compiled", False),
+                           help="vLLM compiles the model, the POP plugin its skipped block's "
+                                "pieces: about 100 s to start on 2 cores, eager about 20 s")
     starting = jobs.running("serve_start")
     if c[1].button("Start" if s is None else "Restart", type="primary", key="serve.start",
                    disabled=starting):
         try:
-            serving.start_engines(model, skip, variant, lm)
-        except (venv.ServingError, ValueError) as e:  # RepairError is a ValueError  # a model the engine cannot serve
+            serving.start_engines(model, skip, variant, lm, eager=not compiled)
+        except (venv.ServingError, ValueError) as e:  # a model it cannot serve; RepairError too
             st.error(f"The engine did not start: {e}")
     c[2].button("Stop", key="serve.stop", on_click=serving.stop, disabled=s is None)
     jobs.panel("serve_start")
     s = serving.current()
     if s is not None:
-        stale = (s.spec.variant != variant or (s.spec.pop and tuple(s.spec.skip) != tuple(skip)))
+        stale = (s.spec.variant != variant or s.spec.eager == compiled
+                 or (s.spec.pop and tuple(s.spec.skip) != tuple(skip)))
         for name, info in s.engines_info().items():
-            st.markdown(f"**{name}** engine ({info['serves']}) at `{info['url']}` · ready in "
+            st.markdown(f"**{name}** engine ({info['serves']}, "
+                        f"{'eager' if s.spec.eager else 'compiled'}) at `{info['url']}` · ready in "
                         f"{info['start_s']:.1f} s · "
                         f"{info['rss_mib']} MiB resident")
         with st.expander("The exact vLLM commands"):
             for name, info in s.engines_info().items():
                 st.code(info["command"], language="bash")
         if stale:
-            st.warning("Stale: the engines serve another skip set or variant "
-                       f"({describe(s.spec.skip)}, {s.spec.variant}); press **Restart**.")
+            st.warning("Stale: the engines serve another skip set, variant or mode "
+                       f"({describe(s.spec.skip)}, {s.spec.variant}, "
+                       f"{'eager' if s.spec.eager else 'compiled'}); press **Restart**.")
 
 if s is None:
     st.info("Start the engines to generate through them and load test them.")

@@ -18,9 +18,26 @@ def buttons(at) -> dict:
 def test_missing_venv_offers_install(monkeypatch, tmp_path):
     monkeypatch.setenv("POP_LAB_VLLM_VENV", str(tmp_path / "nowhere"))
     at = goto(app(), "serve")
-    assert "not installed" in texts(at.warning) and venv.INSTALL_SCRIPT in texts(at.warning)
+    assert "missing" in texts(at.warning) and venv.INSTALL_SCRIPT in texts(at.warning)
     install = buttons(at)["serve.install"]
     assert "600 MB" in install.label
+    assert "serve.start" not in buttons(at)
+
+
+def test_an_older_plugin_offers_the_update(monkeypatch, tmp_path):
+    """A serving venv whose POP plugin predates pop_vllm/ here (a pull without test.sh) is not
+    used: an engine would run the old plugin. The page says so and offers the quick update."""
+    fake = tmp_path / "venv"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "python").write_text("#!/bin/sh\n")
+    (fake / "bin" / "python").chmod(0o755)
+    (fake / "lib" / "python3.11" / "site-packages" / "vllm").mkdir(parents=True)
+    (fake / ".deps.sha").write_text("x\n")
+    (fake / ".plugin.sha").write_text("an older plugin\n")
+    monkeypatch.setenv("POP_LAB_VLLM_VENV", str(fake))
+    at = goto(app(), "serve")
+    assert "older than pop_vllm/" in texts(at.warning)
+    assert buttons(at)["serve.install"].label == "Update the POP plugin (seconds)"
     assert "serve.start" not in buttons(at)
 
 
@@ -37,6 +54,11 @@ def test_start_generate_load_test_stop():
     pgids = [e.proc.pid for e in serving.engines.values()]
     assert all(group_members(p) for p in pgids)
     assert any("vllm.entrypoints.openai.api_server" in c.value for c in at.code)
+    assert serving.spec.eager and "eager) at" in texts(at.markdown)  # the default mode, shown
+    at.toggle(key="serve.compiled").set_value(True).run()  # another mode: stale until restarted
+    assert "Stale" in texts(at.warning) and "eager); press" in texts(at.warning)
+    at.toggle(key="serve.compiled").set_value(False).run()
+    assert "Stale" not in texts(at.warning)
 
     at.number_input(key="serve.max_tokens").set_value(8)
     buttons(at)["serve.generate"].click().run()

@@ -90,6 +90,17 @@ def test_bad_settings_one_line(spec, tmp_path):
     assert "GPT2LMHeadModel" in one_line(e)
 
 
+def test_compiled_mode_drops_enforce_eager():
+    """The Serve page's Compiled toggle and `serve --compiled` start vLLM without --enforce-eager
+    (vLLM then compiles the stock model and the plugin its pieces: tests/test_vllm_compiled.py)."""
+    from pop_analysis.serving.server import command
+
+    eager = command(make_spec("smollm2-135m", (20, 21), "pop"), "python", 8000)
+    compiled = command(make_spec("smollm2-135m", (20, 21), "pop", eager=False), "python", 8000)
+    assert "--enforce-eager" in eager and "--enforce-eager" not in compiled
+    assert [a for a in eager if a != "--enforce-eager"] == compiled
+
+
 def test_pop_repair_spec_passes_the_maps_file(spec, tmp_path):
     from pop_analysis.serving.server import command
 

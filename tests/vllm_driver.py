@@ -2,7 +2,6 @@
 (pop_vllm/pop_vllm/driver.py, run in .venv-vllm; results come back as one JSON line)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -11,22 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from pop_analysis.serving.venv import plugin_hash
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
-PLUGIN = ROOT / "pop_vllm"
 STAMP = ROOT / ".venv-vllm" / ".plugin.sha"
 MARK = "POP_DRIVER_RESULT "
-
-
-def plugin_hash() -> str:
-    """The hash scripts/install_vllm.sh stamps: the plugin's .py/.toml files in C order."""
-    files = sorted((p for p in PLUGIN.rglob("*") if p.suffix in (".py", ".toml")
-                    and "build" not in p.relative_to(ROOT).parts),
-                   key=lambda p: str(p.relative_to(ROOT)).encode())
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def check_venv() -> None:

@@ -2,6 +2,7 @@
 building it with scripts/install_vllm.sh (as a subprocess whose output lines are progress)."""
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -33,7 +34,32 @@ def python() -> Path:
     if not (venv / ".deps.sha").exists() or not any(venv.glob("lib/python3*/site-packages/vllm")):
         raise ServingError(f"the serving venv {venv} is incomplete (vLLM is not installed): "
                            f"{INSTALL_HINT}")
+    stamp = venv / ".plugin.sha"
+    if not stamp.exists() or stamp.read_text().strip() != plugin_hash():
+        # an engine would run the older plugin: wrong tokens or a failing run-time switch
+        raise ServingError(f"the POP plugin in {venv.name} is older than pop_vllm/ here: rebuild "
+                           f"with `bash {INSTALL_SCRIPT}` (seconds: only the plugin is reinstalled)")
     return exe
+
+
+def plugin_stale() -> bool:
+    """True when vLLM is installed in the serving venv but its POP plugin is older than here."""
+    venv = venv_dir()
+    stamp = venv / ".plugin.sha"
+    installed = (venv / ".deps.sha").exists() and any(venv.glob("lib/python3*/site-packages/vllm"))
+    return installed and (not stamp.exists() or stamp.read_text().strip() != plugin_hash())
+
+
+def plugin_hash() -> str:
+    """The hash scripts/install_vllm.sh stamps: pop_vllm's .py/.toml files in C order."""
+    plugin = REPO_ROOT / "pop_vllm"
+    files = sorted((p for p in plugin.rglob("*") if p.suffix in (".py", ".toml")
+                    and "build" not in p.relative_to(REPO_ROOT).parts),
+                   key=lambda p: str(p.relative_to(REPO_ROOT)).encode())
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.read_bytes())
+    return h.hexdigest()
 
 
 def has_plugin() -> bool:
