@@ -17,20 +17,11 @@ from test_browser import wait_healthy
 from pop_analysis.serving import venv
 from pop_analysis.serving.server import group_members
 from pop_analysis.serving.venv import ServingError
+from pop_analysis.speed.procs import children
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-            out.append(int(entry))
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from pop_analysis.serving import venv
 from pop_analysis.serving.server import Engine, EngineSpec, group_members
 from pop_analysis.serving.spec import make_spec
 from pop_analysis.serving.venv import ServingError
+from pop_analysis.speed.procs import children
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,8 +195,7 @@ def test_cli_serve_pop_then_parent_killed(spec, embedded):
             assert json.load(r)["choices"][0]["text"].strip()
         assert completion_token_ids(info["url"], prompts) == want
         assert want != pop_lab_tokens(embedded, "full", ())[1]  # POP changes them: it can fail
-        engines = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                   if _parent(pid) == p.pid]
+        engines = children(p.pid)
         assert engines, "no watchdog under the CLI"
         pgid = engines[0]
         assert group_members(pgid)
@@ -207,12 +207,6 @@ def test_cli_serve_pop_then_parent_killed(spec, embedded):
         p.wait()
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
 def test_serve_stop_and_death_mid_run(spec):
@@ -234,8 +228,7 @@ def test_serve_stop_and_death_mid_run(spec):
             assert json.load(r)["choices"][0]["text"].strip()
         assert engine.rss_bytes() > 100 * 2**20
         # Kill the front end (the watchdog's child): the engine dies mid-run.
-        front = [p for p in group_members(engine.proc.pid) if p != engine.proc.pid
-                 and Path(f"/proc/{p}/stat").read_text().split()[3] == str(engine.proc.pid)]
+        front = [p for p in children(engine.proc.pid) if p in group_members(engine.proc.pid)]
         os.kill(front[0], signal.SIGKILL)
         wait_until(lambda: not engine.alive(), 30, "the wrapper did not notice")
         with pytest.raises(ServingError) as e:

@@ -214,8 +214,8 @@ def test_work_of_our_own_child_processes_is_not_another_s():
     import sys
     import time
 
-    from pop_analysis.speed.timing import (cpu_seconds, descendants, other_cpu_seconds,
-        other_cpu_seconds_but_ours)
+    from pop_analysis.speed.procs import cpu_seconds, descendants
+    from pop_analysis.speed.timing import other_cpu_seconds, other_cpu_seconds_but_ours
 
     child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
                               "while time.process_time() - t < 0.3: pass\nimport sys\n"

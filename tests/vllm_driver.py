@@ -10,20 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from pop_analysis.serving.venv import plugin_hash
+from pop_analysis.serving import venv
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_PY = ROOT / ".venv-vllm" / "bin" / "python"
-STAMP = ROOT / ".venv-vllm" / ".plugin.sha"
 MARK = "POP_DRIVER_RESULT "
 
 
 def check_venv() -> None:
     """Fail (never skip) when the serving venv is missing or holds an older plugin."""
-    if not VENV_PY.exists():
-        pytest.fail("the serving venv .venv-vllm is missing: run bash scripts/install_vllm.sh")
-    if not STAMP.exists() or STAMP.read_text().strip() != plugin_hash():
-        pytest.fail("the POP plugin changed since .venv-vllm was built: run bash scripts/install_vllm.sh")
+    try:
+        venv.python()  # the check the CLI and the Serve page make
+    except venv.ServingError as e:
+        pytest.fail(str(e))
 
 
 class Driver:

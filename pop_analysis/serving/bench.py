@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from pop_analysis.speed import timing
+from pop_analysis.speed.procs import cpu_seconds
 from pop_analysis.progress import Cancelled, Tracker
 from pop_analysis.serving.loadgen import LoadGenerator, LoadResult, LoadSpec
 
@@ -62,7 +63,7 @@ def run_setting(full: Target, pop: Target, gen: LoadGenerator, model: str, token
         one(side, warm)
     got: dict[str, list[LoadResult]] = {"full": [], "variant": []}
     first: list[str] = []
-    before_other, before_own = timing.other_cpu_seconds(), timing.cpu_seconds(own_pids())
+    before_other, before_own = timing.other_cpu_seconds(), cpu_seconds(own_pids())
     t0 = os.times().elapsed
     for r in range(rounds):
         order = ("variant", "full") if r % 2 else ("full", "variant")
@@ -71,7 +72,7 @@ def run_setting(full: Target, pop: Target, gen: LoadGenerator, model: str, token
             tracker.step(1, f"{spec.describe()}: round {r + 1} of {rounds}, {sides[side].name}")
             got[side].append(one(side, spec))
     wall = os.times().elapsed - t0
-    after_other, after_own = timing.other_cpu_seconds(), timing.cpu_seconds(own_pids())
+    after_other, after_own = timing.other_cpu_seconds(), cpu_seconds(own_pids())
     other = None
     if before_other is not None and after_other is not None and wall > 0:
         other = max(0.0, (after_other - before_other) - (after_own - before_own)) / wall

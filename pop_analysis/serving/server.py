@@ -28,6 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from pop_analysis.speed import procs
 from pop_analysis.store.paths import cache_dir
 from pop_analysis.serving import venv
 from pop_analysis.serving.venv import ServingError
@@ -321,16 +322,10 @@ class Engine:
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group pgid, from /proc."""
     out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(entry))
+    for pid in procs.pids():
+        fields = procs.stat_fields(pid)
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(pid)
     return out
 
 

@@ -31,11 +31,10 @@ def python() -> Path:
         raise ServingError(f"the serving venv {venv.name} is missing: {INSTALL_HINT}")
     if not os.access(exe, os.X_OK):
         raise ServingError(f"the serving venv {venv} is broken (no bin/python): {INSTALL_HINT}")
-    if not (venv / ".deps.sha").exists() or not any(venv.glob("lib/python3*/site-packages/vllm")):
+    if not _vllm_installed(venv):
         raise ServingError(f"the serving venv {venv} is incomplete (vLLM is not installed): "
                            f"{INSTALL_HINT}")
-    stamp = venv / ".plugin.sha"
-    if not stamp.exists() or stamp.read_text().strip() != plugin_hash():
+    if not _plugin_current(venv):
         # an engine would run the older plugin: wrong tokens or a failing run-time switch
         raise ServingError(f"the POP plugin in {venv.name} is older than pop_vllm/ here: rebuild "
                            f"with `bash {INSTALL_SCRIPT}` (seconds: only the plugin is reinstalled)")
@@ -45,9 +44,17 @@ def python() -> Path:
 def plugin_stale() -> bool:
     """True when vLLM is installed in the serving venv but its POP plugin is older than here."""
     venv = venv_dir()
+    return _vllm_installed(venv) and not _plugin_current(venv)
+
+
+def _vllm_installed(venv: Path) -> bool:
+    return (venv / ".deps.sha").exists() and any(venv.glob("lib/python3*/site-packages/vllm"))
+
+
+def _plugin_current(venv: Path) -> bool:
+    """Whether the plugin stamp scripts/install_vllm.sh wrote matches pop_vllm/ here."""
     stamp = venv / ".plugin.sha"
-    installed = (venv / ".deps.sha").exists() and any(venv.glob("lib/python3*/site-packages/vllm"))
-    return installed and (not stamp.exists() or stamp.read_text().strip() != plugin_hash())
+    return stamp.exists() and stamp.read_text().strip() == plugin_hash()
 
 
 def plugin_hash() -> str:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
+
+from pop_analysis.speed.procs import cpu_seconds, descendants
 
 MAX_ROUNDS = 50  # the most rounds anyone may ask for (beyond this, ask for a longer budget)
 MAX_BUDGET_S = 3600.0  # the longest timing budget accepted
@@ -149,39 +150,6 @@ def other_cpu_seconds() -> float | None:
     user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
     busy = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
     return busy - time.process_time()
-
-
-def cpu_seconds(pids) -> float:
-    """CPU seconds (user + system, children waited for included) of these live processes."""
-    total = 0.0
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        f = stat[stat.rindex(")") + 2:].split()
-        total += sum(int(x) for x in f[11:15])  # utime stime cutime cstime
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def descendants(root: int | None = None) -> list[int]:
-    """Live processes started (directly or not) by `root` (default: this process)."""
-    root = os.getpid() if root is None else root
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
 
 
 def other_cpu_seconds_but_ours() -> float | None:

@@ -7,6 +7,8 @@ mlp, with vLLM's (hidden, residual) pair whose sum is the residual stream.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
@@ -51,6 +53,20 @@ def _qk_norm(a, x: torch.Tensor, norm) -> torch.Tensor:
 
 def _uses_qk_norm(a) -> bool:
     return bool(getattr(a, "qk_norm", hasattr(a, "k_norm")))
+
+
+@contextmanager
+def swapped(ctx, **fields):
+    """vLLM's forward context with these fields (attn_metadata, slot_mapping) replaced for the
+    block, restored after it: the attention ops read them from there, not from arguments."""
+    saved = {name: getattr(ctx, name) for name in fields}
+    for name, value in fields.items():
+        setattr(ctx, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(ctx, name, value)
 
 
 def write_kv(attn, k, v) -> None:
@@ -106,12 +122,8 @@ def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, 
     # K/V go to the paged cache for every token (the step's slot mapping); attention runs for
     # the full tokens only, under metadata the backend's builder made for them.
     write_kv(a.attn, k, v)
-    saved = ctx.attn_metadata
-    ctx.attn_metadata = full_metadata()
-    try:
+    with swapped(ctx, attn_metadata=full_metadata()):
         o = a.attn(q, None, None)  # (F, heads * head_dim); None: K/V are written already
-    finally:
-        ctx.attn_metadata = saved
     o, _ = a.o_proj(o)  # (F, D)
     h_out, r_out = layer.post_attention_layernorm(o, residual.index_select(0, full_idx))
     h_out = layer.mlp(h_out)  # (F, D)

@@ -74,7 +74,7 @@ class PopMixin:
 
             pop_repair.check_settings(pop, self.pop_hf, get_tensor_model_parallel_world_size())
             device = self.model.embed_tokens.weight.device
-            maps = pop_repair.load_projections(pop, self.pop_hf, self.pop_dtype, device)
+            maps = pop_repair.load_projections(pop, self.pop_dtype, device)
         self.pop, self.pop_maps = pop, maps
 
     def load_weights(self, weights):

@@ -61,14 +61,14 @@ def check_settings(pop, hf_config, tensor_parallel: int) -> None:
     check_maps(pop.repair, pop.skip, *model_dims(hf_config))
 
 
-def load_projections(pop, hf_config, dtype, device) -> dict:
-    """layer -> KVProjection of the fitted maps (K rows, then V rows, as qkv_proj's K/V rows)."""
+def load_projections(pop, dtype, device) -> dict:
+    """layer -> KVProjection of the fitted maps (K rows, then V rows, as qkv_proj's K/V rows);
+    `check_settings` has checked the file's tensors and shapes."""
     import torch
     from safetensors.torch import load_file
 
     from .layer import KVProjection
 
-    check_maps(pop.repair, pop.skip, *model_dims(hf_config))
     t = load_file(pop.repair)
     bad = [n for n, x in t.items() if not torch.isfinite(x).all()]
     if bad:

@@ -27,7 +27,7 @@ import torch
 
 from vllm.compilation.decorators import support_torch_compile
 
-from .layer import project_pruned_kv, write_kv
+from .layer import project_pruned_kv, swapped, write_kv
 
 _DIMS_LOWER = {"input_ids": {0: "b"}, "positions": {0: "b"}}
 _DIMS_SPAN = {"positions": {0: "b"}, "hidden": {0: "b"}, "residual": {0: "b"}}
@@ -130,24 +130,21 @@ class Split:
         x = hidden_in + residual_in  # (T, D) x_f, what reaches the block
         x_pruned = x.index_select(0, pruned_idx)  # (P, D)
         pos_pruned = positions.index_select(0, pruned_idx)  # (P,)
-        saved_slots = ctx.slot_mapping
-        slots = dict(saved_slots)  # the skipped layers' entries point at the tokens written
-        ctx.slot_mapping = slots
-        try:
+        with swapped(ctx, slot_mapping=self._slots(model, ctx.slot_mapping, pruned_idx)):
             for i in self.skip:
                 layer = model.layers[i]
-                a = layer.self_attn
-                k, v = project_pruned_kv(a, layer.input_layernorm(x_pruned), pos_pruned,
-                                         (maps or {}).get(i))  # (P, kv) each
-                slots[a.attn.layer_name] = saved_slots[a.attn.layer_name].index_select(0, pruned_idx)
-                write_kv(a.attn, k, v)
-        finally:
-            ctx.slot_mapping = saved_slots
+                k, v = project_pruned_kv(layer.self_attn, layer.input_layernorm(x_pruned),
+                                         pos_pruned, (maps or {}).get(i))  # (P, kv) each
+                write_kv(layer.self_attn.attn, k, v)
         # Pruned tokens leave the block unchanged: hidden 0, residual x_f.
         hidden, residual = torch.zeros_like(x), x  # (T, D) each
         if full_idx.numel():  # none in a chunk from the middle of prompts
-            h_full, r_full = self._block_on_full(model, positions, hidden_in, residual_in, full_idx,
-                                                 ctx, slots, saved_slots, full_metadata)
+            # the block's layers on the full tokens, under their own metadata and slots
+            with swapped(ctx, attn_metadata=full_metadata(),
+                         slot_mapping=self._slots(model, ctx.slot_mapping, full_idx)):
+                h_full, r_full = self.block(positions.index_select(0, full_idx),
+                                            hidden_in.index_select(0, full_idx),
+                                            residual_in.index_select(0, full_idx))  # (F, D) each
             hidden.index_copy_(0, full_idx, h_full)
             residual.index_copy_(0, full_idx, r_full)
         if self.top is not None:
@@ -155,16 +152,11 @@ class Split:
         out, _ = model.norm(hidden, residual)
         return out  # (T, D)
 
-    def _block_on_full(self, model, positions, hidden, residual, full_idx, ctx, slots, saved_slots,
-                       full_metadata):
-        """The block's layers on the full tokens, under their own metadata and slots (F, D) x 2."""
+    def _slots(self, model, slot_mapping: dict, idx) -> dict:
+        """The step's slot mapping with the block's layers cut to the tokens `idx` (the K/V
+        writes inside the block go to those tokens' slots only)."""
+        out = dict(slot_mapping)
         for i in self.skip:
             name = model.layers[i].self_attn.attn.layer_name
-            slots[name] = saved_slots[name].index_select(0, full_idx)
-        saved_meta = ctx.attn_metadata
-        ctx.attn_metadata, ctx.slot_mapping = full_metadata(), slots
-        try:
-            return self.block(positions.index_select(0, full_idx), hidden.index_select(0, full_idx),
-                              residual.index_select(0, full_idx))
-        finally:
-            ctx.attn_metadata, ctx.slot_mapping = saved_meta, saved_slots
+            out[name] = slot_mapping[name].index_select(0, idx)
+        return out
