@@ -1,9 +1,9 @@
 """Dashboard timings in real chromium against `streamlit run`: the first page, page switches,
 and what overlaying 5 stored calibrations adds to the Calibrate page.
 
-Run it holding the shared CPU lock:
+Run it on a quiet machine:
 
-    flock -x /tmp/poplab-cpu.lock .venv/bin/python bench/dashboard_bench.py --rounds 5
+    PYTHONPATH=tests .venv/bin/python bench/dashboard_bench.py --rounds 5   # tests/: the browser helpers
 
 It fills a temporary results store with 6 small calibrations of the embedded model (the models
 folder is linked in), starts a server on a free port (stopped by its pid), and drives Debian's
@@ -25,11 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_results import save  # noqa: E402
-from test_browser import ARGS, CHROMIUM, free_port, wait_healthy  # noqa: E402
+from bench_results import save
+from browser_wait import ARGS, CHROMIUM, free_port, wait_healthy
 
 PLOT = ".js-plotly-plot"
 
@@ -113,12 +111,12 @@ def apptest_part(rounds: int) -> dict:
     """The page script alone: Calibrate rerun with 0 and 5 overlays (AppTest, same process)."""
     from streamlit.testing.v1 import AppTest
 
-    from dashboard import data
+    from dashboard.session import cached
 
     at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=300).run()
     at.switch_page("../pages/calibrate.py").run()
     at.button(key="cal.load").click().run()
-    keys = [e["key"] for e in data.stored_entries("calibration")][:5]
+    keys = [e["key"] for e in cached.stored_entries("calibration")][:5]
     plain, over = [], []
     for _ in range(rounds):
         for chosen, sink in (([], plain), (keys, over)):

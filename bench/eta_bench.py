@@ -1,9 +1,9 @@
 """How well the progress ETA tracks reality: real runs on the embedded model, every Progress
 update recorded, the estimate compared with the time that was actually left.
 
-Run it holding the shared CPU lock:
+Run it on a quiet machine:
 
-    flock -x /tmp/poplab-cpu.lock .venv/bin/python bench/eta_bench.py --threads 2
+    .venv/bin/python bench/eta_bench.py --threads 2
     ... --parts sweep             # only some parts (sweep, drift, calibration)
 
 For each run it reports, at 10%, 25%, 50% and 75% of the run's wall time, the tracker's estimate
@@ -14,15 +14,14 @@ Prints one JSON object and writes it to cache/bench/eta_bench.json.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-from bench_results import save  # noqa: E402
+import torch
+
+from bench_results import save
 
 MARKS = (0.10, 0.25, 0.50, 0.75)
 

@@ -18,21 +18,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from pop_analysis.engine.models import load_model  # noqa: E402
-from pop_analysis.engine.skipset import preset  # noqa: E402
-from pop_analysis.quality.answers import answer_matches  # noqa: E402
-from pop_analysis.quality.evalsets import load_eval_set  # noqa: E402
-from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants  # noqa: E402
-from pop_analysis.quality.metrics import agreement, greedy_tokens, score_continuations  # noqa: E402
-from pop_analysis.quality.stats import paired_delta, required_n  # noqa: E402
+from pop_analysis.engine.models import load_model
+from pop_analysis.engine.skipset import preset
+from pop_analysis.quality.answers import answer_matches
+from pop_analysis.quality.evalsets import load_eval_set
+from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.quality.metrics import agreement, greedy_tokens, score_continuations
+from pop_analysis.quality.stats import paired_delta, required_n
 
 
 def item_by_item(lm, items, variants, max_new_tokens) -> None:

@@ -24,16 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from pop_analysis.engine.generate import synchronize  # noqa: E402
-from pop_analysis.engine.models import load_model, model_from_hf, parse_dtype  # noqa: E402
-from pop_analysis.engine.pop import left_pad, run_prompt  # noqa: E402
-from pop_analysis.engine.skipset import last_block  # noqa: E402
-from pop_analysis.experiments.paper import table2_speedups  # noqa: E402
-from pop_analysis.speed.bench import bench_length  # noqa: E402
+from pop_analysis.engine.generate import synchronize
+from pop_analysis.engine.models import load_model, model_from_hf, parse_dtype
+from pop_analysis.engine.pop import left_pad, run_prompt
+from pop_analysis.engine.skipset import last_block
+from pop_analysis.experiments.paper import table2_speedups
+from pop_analysis.speed.bench import bench_length
 
 # The paper's Table 2: prefill (TTFT) speedup of POP, A100, batch 8; keyed like Spec.name.
 PAPER_TABLE2 = {model.lower(): row for model, row in table2_speedups().items()}

@@ -5,7 +5,7 @@ of 30 layers x 16 samples with leave-one-out, a drift result of 30 layers x 256 
 x 8 decode steps with quantiles, an ablation sweep of 7 rows. Values are random; the check's
 cost depends on sizes only. Prints one JSON line: median and 90th percentile in ms, per kind.
 
-    flock -x /tmp/poplab-cpu.lock .venv/bin/python bench/record_check_bench.py
+    .venv/bin/python bench/record_check_bench.py
 """
 from __future__ import annotations
 
@@ -13,12 +13,8 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 L, N, T, K = 30, 16, 256, 8  # layers, samples, heatmap columns, decode steps
 

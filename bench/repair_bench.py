@@ -23,18 +23,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from pop_analysis.data.prompts import load_prompts  # noqa: E402
-from pop_analysis.engine.models import load_model  # noqa: E402
-from pop_analysis.engine.skipset import describe, last_block  # noqa: E402
-from pop_analysis.inspection.drift import DriftConfig, average, drift  # noqa: E402
-from pop_analysis.quality.evalsets import NAMED, data_dir, load_eval_set, read_records  # noqa: E402
-from pop_analysis.repair.evaluate import compare, summary  # noqa: E402
-from pop_analysis.repair.fit import RepairConfig  # noqa: E402
-from pop_analysis.repair.store import attach, fit_and_store, memory  # noqa: E402
+from pop_analysis.data.prompts import load_prompts
+from pop_analysis.engine.models import load_model
+from pop_analysis.engine.skipset import describe, last_block
+from pop_analysis.inspection.drift import DriftConfig, average, drift
+from pop_analysis.quality.evalsets import NAMED, data_dir, load_eval_set, read_records
+from pop_analysis.repair.evaluate import compare, summary
+from pop_analysis.repair.fit import RepairConfig
+from pop_analysis.repair.store import attach, fit_and_store, memory
 
 OUT = ROOT / "artifacts" / "repair_bench"
 REPAIRS = {"builtin": RepairConfig(),

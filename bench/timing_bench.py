@@ -2,7 +2,7 @@
 
 Run it holding the shared CPU lock (it starts and stops its own CPU hog, by pid):
 
-    flock -x /tmp/poplab-cpu.lock .venv/bin/python bench/timing_bench.py --threads 2
+    .venv/bin/python bench/timing_bench.py --threads 2
     ... --parts noise,empty            # only some parts
 
 Parts:
@@ -28,15 +28,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from pop_analysis.engine.models import load_model  # noqa: E402
-from pop_analysis.experiments.sweep_speed import measure_speedup  # noqa: E402
-from pop_analysis.speed.bench import bench_length, first_token, random_prompt, time_prefill
-from pop_analysis.speed.machine import machine_rates  # noqa: E402
-from pop_analysis.speed.timing import TimingConfig, other_cpu_seconds  # noqa: E402
+from pop_analysis.engine.models import load_model
+from pop_analysis.experiments.sweep_speed import measure_speedup
+from pop_analysis.speed.bench import (
+    bench_length,
+    first_token,
+    random_prompt,
+    time_prefill,
+)
+from pop_analysis.speed.machine import machine_rates
+from pop_analysis.speed.timing import TimingConfig, other_cpu_seconds
 
 PAPER_SKIP = tuple(range(20, 30))
 QUIET_WAIT = 120.0  # seconds a quiet part waits for other processes to calm down (set by --quiet-wait)
@@ -127,8 +131,8 @@ def part_empty(lm, reps: int) -> dict:
 
 
 def part_hog(lm, reps: int) -> dict:
-    from dashboard.resources import RunLock
-    from dashboard.speed import PAGE_TIMING
+    from dashboard.panels.generate_speed import PAGE_TIMING
+    from dashboard.session.resources import RunLock
 
     lock = RunLock()
     rows = []
@@ -160,8 +164,8 @@ def _flat(p) -> dict:
 
 
 def part_page(lm, reps: int) -> dict:
-    from dashboard.resources import RunLock
-    from dashboard.speed import PAGE_TIMING
+    from dashboard.panels.generate_speed import PAGE_TIMING
+    from dashboard.session.resources import RunLock
 
     lock, out = RunLock(), []
     quiet = wait_quiet(QUIET_WAIT)

@@ -2,7 +2,7 @@
 
 Runs in the serving venv (scripts/install_vllm.sh builds it), holding the shared CPU lock:
 
-    flock -x /tmp/poplab-cpu.lock .venv-vllm/bin/python bench/vllm_ttft_bench.py
+    .venv-vllm/bin/python bench/vllm_ttft_bench.py
     ... --lengths 512 2048 4096 --mode eager|compiled --threads 1 --rounds 5
 
 One engine, one request at a time, prefix caching off, the whole prompt in one step. Full and POP
@@ -68,16 +68,19 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, _exit_on_term)
 
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
     from pop_vllm.engine_env import apply
 
     apply(ROOT / "cache", kv_cache_gib=2, threads=args.threads)
-    from bench_results import save
     from vllm import LLM, SamplingParams
 
-    from pop_analysis.speed.timing import TimingConfig, measure, other_cpu_seconds_but_ours
+    from pop_analysis.speed.timing import (
+        TimingConfig,
+        measure,
+        other_cpu_seconds_but_ours,
+    )
     from pop_vllm import overrides
+
+    from bench_results import save
 
     longest = max(args.lengths + [192])
     t0 = time.perf_counter()

@@ -8,16 +8,14 @@ results of finished background runs, and writes the current view back into the U
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import streamlit as st
 
-import streamlit as st  # noqa: E402
+from dashboard.panels import widgets
+from dashboard.session import jobs, links, report, state
 
-from dashboard import jobs, links, report, state, widgets  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent  # pages/ is resolved from here: any working directory
 
 PAGES = (  # (file in pages/, title, icon, url path)
     ("overview.py", "Overview", ":material/school:", "overview"),

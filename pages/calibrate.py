@@ -1,8 +1,10 @@
 """Calibrate: stage-aware layer importance (prefill vs decode) from virtual gates."""
 import streamlit as st
 
-from dashboard import charts, data, exports, jobs, model_compare, state, widgets
-from dashboard.compare_charts import importance_by_depth
+from dashboard.charts import calibrate as calibrate_charts
+from dashboard.charts.overlays import importance_by_depth
+from dashboard.panels import exports, model_compare, widgets
+from dashboard.session import cached, jobs, state
 from pop_analysis.data.prompts import DatasetError
 from pop_analysis.errors import first_line
 from pop_analysis.importance import calibrate as cal
@@ -35,7 +37,7 @@ with st.container(border=True):
                                     seed=int(seed), loo_samples=int(loo),
                                     batch_size=min(16, int(n_samples)))
         try:
-            prompts = data.prompt_set(source, field, int(n_samples))
+            prompts = cached.prompt_set(source, field, int(n_samples))
             jobs.start("calibrate", f"Calibrating on {label}",
                        lambda progress: cal.cached_calibration(lm, prompts, cfg, use_cache, progress,
                                                                progress.notice),
@@ -51,8 +53,8 @@ with st.container(border=True):
             st.error(f"Calibration failed: {first_line(e)}")
     jobs.panel("calibrate")
 
-entries = data.stored_entries(cal.KIND)
-labels = {e["key"]: data.calibration_label(e) for e in entries}
+entries = cached.stored_entries(cal.KIND)
+labels = {e["key"]: cached.calibration_label(e) for e in entries}
 if entries:
     with st.expander(f"Stored calibrations ({len(entries)}): compare or reload", expanded=False):
         st.multiselect("Overlay on the importance chart", list(labels), format_func=labels.get,
@@ -62,7 +64,7 @@ if entries:
         key = a.selectbox("Show as the main result", list(labels), format_func=labels.get,
                           key="cal.stored")
         if b.button("Load", key="cal.load"):
-            res = data.load_result(cal.KIND, key, cal.CalibrationResult)
+            res = cached.load_result(cal.KIND, key, cal.CalibrationResult)
             if res is None:
                 st.error("That entry is missing or unreadable; run the calibration again.")
             else:
@@ -92,9 +94,9 @@ log = t[0].toggle("Log scale", key=state.kept("cal.log", True))
 bands = t[1].toggle("Spread bands (±1 std)", key=state.kept("cal.bands", True))
 influence = t[2].toggle("Block influence overlay", key=state.kept("cal.influence", False),
                         help="ShortGPT's 1 − cos(layer input, output), on the right axis")
-overlays = data.calibration_overlays(state.value("cal.overlay", []), labels)
+overlays = cached.calibration_overlays(state.value("cal.overlay", []), labels)
 skip = state.skip_for(n) if res.n_layers == n else ()
-fig = charts.importance_chart(res.prefill, res.decode, res.prefill_std, res.decode_std,
+fig = calibrate_charts.importance_chart(res.prefill, res.decode, res.prefill_std, res.decode_std,
                               log=log, bands=bands, skip=skip, overlays=overlays,
                               block_influence=res.block_influence if influence else None)
 st.plotly_chart(fig, key="cal.chart")
@@ -113,7 +115,7 @@ if res.loo:
     for col, stage in zip(cols, ("prefill", "decode")):
         # Taylor means over the same samples as the exact run, as rank_corr compares them.
         taylor = (res.loo_taylor or {}).get(stage) or getattr(res, stage)
-        figures[f"taylor_vs_exact_{stage}"] = charts.rank_scatter(taylor, res.loo[stage], stage)
+        figures[f"taylor_vs_exact_{stage}"] = calibrate_charts.rank_scatter(taylor, res.loo[stage], stage)
         col.plotly_chart(figures[f"taylor_vs_exact_{stage}"], key=f"cal.rank.{stage}")
 
 

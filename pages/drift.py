@@ -1,8 +1,10 @@
 """Drift: how far POP's hidden states, K/V cache and attention outputs move from the full model."""
 import streamlit as st
 
-from dashboard import drift_charts, drift_views, exports, jobs, repair_panel, state, widgets
-from dashboard.examples import EXAMPLES
+from dashboard.charts import drift as drift_charts
+from dashboard.panels import drift_runs, exports, kv_repair, widgets
+from dashboard.panels.example_prompts import EXAMPLES
+from dashboard.session import jobs, state
 from pop_analysis.engine.generate import encode
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
@@ -40,10 +42,10 @@ with st.container(border=True):
     st.selectbox("Example", list(EXAMPLES), key="drift.example", on_change=use_example, index=None,
                  placeholder="pick an example (a long one shows more drift) ...")
     prompt = st.text_area("Prompt", key=state.kept("drift.prompt", ""), height=110)
-    variants = ["pop"] + (["pop_repair"] if repair_panel.stored_key(lm, skip) else [])
+    variants = ["pop"] + (["pop_repair"] if kv_repair.stored_key(lm, skip) else [])
     variant = st.radio("Compare the full model with", variants, horizontal=True,
                        key=state.kept("drift.variant", "pop", variants),
-                       format_func={"pop": "POP", "pop_repair": repair_panel.SHORT}.get,
+                       format_func={"pop": "POP", "pop_repair": kv_repair.SHORT}.get,
                        help="pop_repair appears once a K/V repair is stored for this skip set "
                             "(Skip set page)")
     c = st.columns(3, vertical_alignment="bottom")
@@ -57,7 +59,7 @@ with st.container(border=True):
 
     def measure(p):
         if variant == "pop_repair":
-            repair_panel.use_stored(lm, skip)  # under the model lock: the newest stored maps
+            kv_repair.use_stored(lm, skip)  # under the model lock: the newest stored maps
         return dr.cached_drift(lm, ids, skip, cfg, progress=p, variant=variant, notice=p.notice)
 
     if go:
@@ -77,7 +79,7 @@ if res is not None:
     st.subheader(f"{res.model} · {res.prompt_tokens} prompt tokens · skipped {describe(res.skip_layers)}")
     widgets.made_from(state.DRIFT, now, "Measure drift")
     only = st.toggle("Only the skipped block (paper style)", key=state.kept("drift.only", True))
-    figures["curves"] = drift_views.curves_of(res, only)
+    figures["curves"] = drift_runs.curves_of(res, only)
     st.plotly_chart(figures["curves"], key="drift.curves")
     qty = st.radio("Heatmap of", ("hidden", "k", "v", "attn_out"), horizontal=True,
                    key=state.kept("drift.qty", "hidden"), format_func=drift_charts.COSINE_NAMES.get)
@@ -95,10 +97,10 @@ if res is not None:
 
     st.button("Pin this run as B, to compare with the next one", key="drift.pin", on_click=pin)
 
-drift_views.stored_runs()
+drift_runs.stored_runs()
 res_b = st.session_state.get(state.DRIFT_B)
 if res is not None and res_b is not None:
-    drift_views.side_by_side(res, res_b, figures)
+    drift_runs.side_by_side(res, res_b, figures)
 
 st.subheader("Drift vs context length")
 c = st.columns([3, 1], vertical_alignment="bottom")

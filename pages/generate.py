@@ -4,21 +4,32 @@ import html
 import streamlit as st
 import torch
 
-from dashboard import charts, exports, lens_panel, repair_panel, speed, state, widgets
-from dashboard.examples import EXAMPLES
-from dashboard.resources import warmed_up
-from dashboard.streaming import agreement, output_html, readable_text, stream_variant, token_pieces
+from dashboard.charts import generate as generate_charts
+from dashboard.charts import layers as layer_charts
+from dashboard.panels import exports, generate_lens, generate_speed, kv_repair, widgets
+from dashboard.panels.example_prompts import EXAMPLES
+from dashboard.panels.generate_stream import (
+    agreement,
+    output_html,
+    readable_text,
+    stream_variant,
+    token_pieces,
+)
+from dashboard.session import state
+from dashboard.session.resources import warmed_up
 from pop_analysis.engine.generate import SamplingConfig, encode
-from pop_analysis.engine.skipset import SkipSetError, describe, preset, validate
+from pop_analysis.engine.skipset import Preset, SkipSetError, describe, preset, validate
 from pop_analysis.errors import first_line
+from pop_vllm.variants import Variant
 
-VARIANTS = {"pop": "POP (independent KV + boundary)", "pop_no_kv": "ablation: without independent KV",
-            "pop_no_boundary": "ablation: without boundary handling",
-            "static": "static: layers removed in prefill and decode", "shallow": "ablation: shallow block",
-            "interleaved": "ablation: interleaved layers", "pop_repair": repair_panel.LABEL}
-SHORT = {"pop": "POP", "pop_no_kv": "POP without KV", "pop_no_boundary": "POP without boundary",
-         "static": "static", "shallow": "POP (shallow)", "interleaved": "POP (interleaved)",
-         "pop_repair": repair_panel.SHORT}
+V, P = Variant, Preset  # the shallow and interleaved rows are POP on the preset's skip set
+VARIANTS = {V.POP: "POP (independent KV + boundary)", V.POP_NO_KV: "ablation: without independent KV",
+            V.POP_NO_BOUNDARY: "ablation: without boundary handling",
+            V.STATIC: "static: layers removed in prefill and decode", P.SHALLOW: "ablation: shallow block",
+            P.INTERLEAVED: "ablation: interleaved layers", V.POP_REPAIR: kv_repair.LABEL}
+SHORT = {V.POP: "POP", V.POP_NO_KV: "POP without KV", V.POP_NO_BOUNDARY: "POP without boundary",
+         V.STATIC: "static", P.SHALLOW: "POP (shallow)", P.INTERLEAVED: "POP (interleaved)",
+         V.POP_REPAIR: kv_repair.SHORT}
 
 st.title("Generate: full vs POP")
 lm = widgets.model_or_stop()
@@ -35,7 +46,7 @@ st.selectbox("Example", list(EXAMPLES), key="gen.example", on_change=use_example
 prompt = st.text_area("Prompt", key=state.kept("gen.prompt", ""), height=140,
                       placeholder="Type a prompt or pick an example")
 c = st.columns([2, 1, 1, 1])
-offered = [v for v in VARIANTS if v != "pop_repair" or repair_panel.stored_key(lm, skip)]
+offered = [v for v in VARIANTS if v != "pop_repair" or kv_repair.stored_key(lm, skip)]
 variant = c[0].selectbox("Compare the full model with", offered, format_func=VARIANTS.get,
                          key=state.kept("gen.variant", "pop", offered),
                          help="pop_repair appears once a K/V repair is stored for this skip set "
@@ -79,10 +90,10 @@ if clicked:
         with widgets.run_lock():
             warmed_up(*state.model_spec().key)
             if engine == "pop_repair":
-                repair_panel.use_stored(lm, run_skip)  # the newest stored maps for this skip set
+                kv_repair.use_stored(lm, run_skip)  # the newest stored maps for this skip set
             full = stream_variant(lm, ids, "full", (), cfg, live(out["full"]))
             other = stream_variant(lm, ids, engine, run_skip, cfg, live(out["other"]))
-        measured = speed.measure(lm, state.model_spec().key, ids, engine, run_skip)
+        measured = generate_speed.measure(lm, state.model_spec().key, ids, engine, run_skip)
         state.keep_result(state.GENERATION, {
             "prompt_tokens": len(ids), "full": full, "other": other, "label": VARIANTS[variant],
             "short": SHORT[variant], "prompt_ids": ids, "engine": engine, "speed": measured,
@@ -105,11 +116,11 @@ if res:
         if st.button("Re-measure speed", key="gen.remeasure",
                      help="Run the timing protocol again on the same prompt"):
             try:
-                res["speed"] = speed.measure(lm, state.model_spec().key, res["prompt_ids"],
+                res["speed"] = generate_speed.measure(lm, state.model_spec().key, res["prompt_ids"],
                                              res["engine"], other["skip"])
             except (ValueError, RuntimeError) as e:
                 st.error(f"Re-measuring failed: {first_line(e)}")
-        speed.show(res["speed"], name=name)
+        generate_speed.show(res["speed"], name=name)
     m = st.columns(2)
     m[0].metric(f"Decode tok/s (full / {name})",
                 " / ".join(f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "–" for r in (full, other)))
@@ -118,10 +129,10 @@ if res:
     st.caption(f"Prompt: {res['prompt_tokens']} tokens. A yellow mark is the first token where "
                "the two outputs differ; grey text follows it. The token arrival chart below is "
                "the streamed run, one each.")
-    figures = {"arrival": charts.arrival_chart({"full": full["times"], name: other["times"]})}
+    figures = {"arrival": generate_charts.arrival_chart({"full": full["times"], name: other["times"]})}
     st.plotly_chart(figures["arrival"], key="gen.arrival")
 
-    lens_panel.explain(lm, res, name, first, figures)
+    generate_lens.explain(lm, res, name, first, figures)
 
     st.subheader("What ran: calls per layer and stage")
     st.caption("Skipped layers show 0 attention/FFN calls in prefill but one k_proj call (the "
@@ -130,7 +141,7 @@ if res:
                "both paths, so the result is exact), the rest in the boundary step. Decode runs "
                "every layer.")
     for r, title in ((full, "full model"), (other, res["label"])):
-        figures[f"calls_{r['variant']}"] = charts.call_counts_heatmap(r["counts"], f"Calls: {title}")
+        figures[f"calls_{r['variant']}"] = layer_charts.call_counts_heatmap(r["counts"], f"Calls: {title}")
         st.plotly_chart(figures[f"calls_{r['variant']}"], key=f"gen.counts.{r['variant']}.{title}")
     tokens = [{"step": i, "full": a, name: b} for i, (a, b) in enumerate(
         zip(token_pieces(lm.tokenizer, full["token_ids"]), token_pieces(lm.tokenizer, other["token_ids"])))]

@@ -1,7 +1,9 @@
 """Overview: what POP is, how to read every plot, what runs where, the model card."""
 import streamlit as st
 
-from dashboard import charts, exports, state, widgets
+from dashboard.charts import layers as layer_charts
+from dashboard.panels import exports, widgets
+from dashboard.session import state
 
 st.title("Prefill-Only Pruning (POP)")
 st.markdown("""
@@ -24,7 +26,7 @@ n = lm.adapter.n_layers
 skip = state.skip_for(n)
 
 st.subheader("What runs where")
-diagram = charts.pop_diagram(n, skip)
+diagram = layer_charts.pop_diagram(n, skip)
 st.plotly_chart(diagram, key="overview.diagram")
 st.caption("Rows are layers, columns positions. Orange cells run only the K/V projection "
            "(≈ a few % of a layer), blue cells the full layer. The skip set is the one chosen on "

@@ -3,10 +3,12 @@ import math
 
 import streamlit as st
 
-from dashboard import exports, jobs, serve_charts, serving, state, widgets
+from dashboard.charts import serve as serve_charts
+from dashboard.panels import exports, serve_engines, widgets
+from dashboard.session import jobs, state
+from pop_analysis.engine.skipset import describe
 from pop_analysis.serving import venv
 from pop_analysis.serving.loadgen import LoadSpec
-from pop_analysis.engine.skipset import describe
 
 st.title("Serve: POP in vLLM")
 st.markdown("A local vLLM engine (OpenAI-compatible, on 127.0.0.1 only) serves the current model "
@@ -32,22 +34,22 @@ if not venv.ready():
         label = ("Update the POP plugin (seconds)" if venv.plugin_stale()
                  else f"Install the serving engine ({venv.DOWNLOAD})")
         st.button(label, type="primary",
-                  key="serve.install", on_click=serving.start_install,
+                  key="serve.install", on_click=serve_engines.start_install,
                   disabled=jobs.running("serve_install"))
         jobs.panel("serve_install")
     st.stop()
 
-died = serving.dead_note()
+died = serve_engines.dead_note()
 if died:
     st.error(died)
-s = serving.current()
+s = serve_engines.current()
 with st.container(border=True):
     st.subheader("Engines")
     c = st.columns([2, 1, 1], vertical_alignment="bottom")
-    options = serving.variants(lm, skip)  # pop_repair where a stored repair fits the skip set
+    options = serve_engines.variants(lm, skip)  # pop_repair where a stored repair fits the skip set
     variant = c[0].radio("POP engine serves", options, horizontal=True,
                          key=state.kept("serve.variant", "pop", options),
-                         format_func=serving.VARIANT_LABELS.get)
+                         format_func=serve_engines.VARIANT_LABELS.get)
     compiled = c[0].toggle("Compiled (faster prefill, slower start)",
                            key=state.kept("serve.compiled", False),
                            help="vLLM compiles the model, the POP plugin its skipped block's "
@@ -56,12 +58,12 @@ with st.container(border=True):
     if c[1].button("Start" if s is None else "Restart", type="primary", key="serve.start",
                    disabled=starting):
         try:
-            serving.start_engines(model, skip, variant, lm, eager=not compiled)
+            serve_engines.start_engines(model, skip, variant, lm, eager=not compiled)
         except (venv.ServingError, ValueError) as e:  # a model it cannot serve; RepairError too
             st.error(f"The engine did not start: {e}")
-    c[2].button("Stop", key="serve.stop", on_click=serving.stop, disabled=s is None)
+    c[2].button("Stop", key="serve.stop", on_click=serve_engines.stop, disabled=s is None)
     jobs.panel("serve_start")
-    s = serving.current()
+    s = serve_engines.current()
     if s is not None:
         stale = (s.spec.variant != variant or s.spec.eager == compiled
                  or (s.spec.pop and tuple(s.spec.skip) != tuple(skip)))
@@ -89,9 +91,9 @@ with st.container(border=True):
     max_tokens = c[0].number_input("Max new tokens", 1, 512, key=state.kept("serve.max_tokens", 48))
     if c[1].button("Generate", type="primary", key="serve.generate"):
         with st.spinner("Generating through both engines ..."):
-            serving.generate(s, prompt, int(max_tokens))
+            serve_engines.generate(s, prompt, int(max_tokens))
         st.rerun()
-    got = st.session_state.get(serving.GENERATED)
+    got = st.session_state.get(serve_engines.GENERATED)
     if got:
         cols = st.columns(len(s.names))
         for col, name in zip(cols, s.names):
@@ -123,15 +125,15 @@ with st.container(border=True):
         try:
             specs = [LoadSpec(int(n_req), int(n_in), int(n_out), r, int(cap) or None).check(
                 s.spec.max_model_len) for r in sorted(rates)]
-            serving.start_bench(s, specs, int(rounds), now)
+            serve_engines.start_bench(s, specs, int(rounds), now)
         except venv.ServingError as e:
             st.error(f"Load test: {e}")
     jobs.panel("serve_bench")
 
-rows = st.session_state.get(serving.BENCH)
+rows = st.session_state.get(serve_engines.BENCH)
 if rows:
-    widgets.made_from(serving.BENCH, now, "Run the load test")
-    st.dataframe(serving.table(rows), hide_index=True, key="serve.table")
+    widgets.made_from(serve_engines.BENCH, now, "Run the load test")
+    st.dataframe(serve_engines.table(rows), hide_index=True, key="serve.table")
     figures = {"speedup": serve_charts.speedup_chart(rows),
                "ttft_cdf": serve_charts.latency_cdf(rows),
                "tpot": serve_charts.tpot_box(rows),
@@ -145,4 +147,4 @@ if rows:
                "ratios are medians of the per-round ratios with their IQR, flagged as the timing "
                "protocol flags any speed figure. The engine shares this machine's cores with the "
                "load generator (and with whatever else runs here).")
-    exports.offer("serve", data=rows, rows=serving.table(rows), figures=figures)
+    exports.offer("serve", data=rows, rows=serve_engines.table(rows), figures=figures)

@@ -5,7 +5,9 @@ before it is drawn, so a change from any of them (or from the sidebar box) shows
 """
 import streamlit as st
 
-from dashboard import charts, exports, repair_panel, state, widgets
+from dashboard.charts import layers as layer_charts
+from dashboard.panels import exports, kv_repair, widgets
+from dashboard.session import state
 from pop_analysis.engine.skipset import SkipSetError, describe, last_block, preset
 from pop_analysis.importance.calibrate import suggest_skip
 from pop_analysis.speed.flops import ideal_speedup, prefill_flop_share
@@ -92,7 +94,7 @@ state.show_flash()
 
 st.subheader("Layers")
 strip_key = f"skipset.strip.{st.session_state.get(STRIP_V, 0)}"
-fig = charts.layer_strip(n, skip, scores)
+fig = layer_charts.layer_strip(n, skip, scores)
 st.plotly_chart(fig, key=strip_key, on_select=lambda: on_strip(strip_key),
                 selection_mode=("points", "box"), config={"displayModeBar": True})
 st.caption("**Click** a square to toggle that layer. For a range, pick the **box tool** (the "
@@ -119,4 +121,4 @@ exports.offer("skip_set", data={"model": lm.name, "n_layers": n, "skip": list(sk
                                 "layers": rows},
               rows=rows, figures={"layer_strip": fig})
 
-repair_panel.skip_set_panel(lm, skip)  # beyond the paper: fit and list K/V repairs
+kv_repair.skip_set_panel(lm, skip)  # beyond the paper: fit and list K/V repairs

@@ -3,9 +3,10 @@ import datetime
 
 import streamlit as st
 
-from dashboard import (data, exports, jobs, model_compare, repair_panel, speed, state, sweep_charts,
-                       widgets)
-from dashboard.compare_charts import overlay_sweeps
+from dashboard.charts import sweeps as sweep_charts
+from dashboard.charts.overlays import overlay_sweeps
+from dashboard.panels import exports, generate_speed, kv_repair, model_compare, widgets
+from dashboard.session import cached, jobs, state
 from pop_analysis.data.allowed_paths import check_source
 from pop_analysis.errors import first_line
 from pop_analysis.experiments import sweep as sw
@@ -36,7 +37,7 @@ with st.expander("Run a sweep", expanded=jobs.running("sweep")):
     repeats = c[3].number_input("Timing rounds (at least)", 3, 50, key=state.kept("sw.rep", 3))
     dataset = c[4].text_input("Data set", key=state.kept("sw.data", "gsm8k"),
                               help="gsm8k, wizardlm, builtin, a path")
-    with_repair = repair_panel.sweep_option(lm, kind)  # {} unless pop_repair rows are asked for
+    with_repair = kv_repair.sweep_option(lm, kind)  # {} unless pop_repair rows are asked for
     now = {"sweep": kind, "data set": dataset, "samples": int(n_samples),
            "new tokens": int(max_new), "timing rounds": int(repeats), **with_repair}
     if st.button("Run sweep", type="primary", key="sw.go", disabled=jobs.running("sweep")):
@@ -57,7 +58,7 @@ with st.expander("Run a sweep", expanded=jobs.running("sweep")):
                     lambda r: f"finished in {duration(r.seconds)}"), context=now)
     jobs.panel("sweep")
 
-entries = data.stored_entries("sweep")
+entries = cached.stored_entries("sweep")
 if entries:
     by_key = {e["key"]: e for e in entries}
 
@@ -68,7 +69,7 @@ if entries:
     c = st.columns([4, 1], vertical_alignment="bottom")
     key = c[0].selectbox("Stored sweeps", list(by_key), format_func=label_of, key="sw.stored")
     if c[1].button("Load", key="sw.load"):
-        res = data.load_result("sweep", key, sw.SweepResult)
+        res = cached.load_result("sweep", key, sw.SweepResult)
         if res is None:
             st.error("That entry is missing or unreadable.")
         else:
@@ -92,7 +93,7 @@ else:
         st.info(note)
     rows = res.rows
     t4, t2 = sw.PAPER_TABLES["table4"], sw.PAPER_TABLES["table2"]
-    overlays = data.sweep_overlays(state.value("sw.overlay", []), res.kind,
+    overlays = cached.sweep_overlays(state.value("sw.overlay", []), res.kind,
                                    {k: label_of(k) for k in by_key} if entries else {})
     fig = None
     if res.kind in ("ratio", "adaptive") and rows:
@@ -130,7 +131,7 @@ else:
     if res.kind == "ablation" and "variant" in frame:
         paper = sw.paper_frame("table3").add_prefix("paper ")
         frame = frame.join(paper, on="variant")
-    st.dataframe(speed.sweep_table(frame, res.kind), hide_index=True, key="sw.table")
+    st.dataframe(generate_speed.sweep_table(frame, res.kind), hide_index=True, key="sw.table")
     exports.offer("sweep", data=res.to_dict(), rows=rows, figures={"chart": fig} if fig else None)
 
 st.subheader("The paper's numbers")

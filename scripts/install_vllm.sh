@@ -41,7 +41,10 @@ fi
 if [ "$(cat "$PLUGIN_STAMP" 2>/dev/null)" != "$PLUGIN_WANT" ]; then
   echo "install_vllm: installing the POP plugin (pop_vllm/)"
   pip_q install -q --no-deps --no-build-isolation --force-reinstall ./pop_vllm
-  rm -rf pop_vllm/build pop_vllm/*.egg-info
+  # POP Lab itself, editable, for the benchmarks that run in this venv (bench/vllm_ttft_bench.py
+  # times vLLM with the library's timing protocol); the engine never imports it.
+  pip_q install -q --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
+  rm -rf pop_vllm/build pop_vllm/*.egg-info ./*.egg-info
   echo "$PLUGIN_WANT" > "$PLUGIN_STAMP"
 fi
 elapsed=$(( $(date +%s) - started ))

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -148,3 +152,64 @@ def rerun(page, action, what: str, timeout_s: float = 300) -> None:
 def centre(page, selector: str, index: int, what: str, timeout_s: float = 60) -> dict:
     """The viewport centre (x, y) and box of the index-th element of `selector`, once laid out."""
     return wait_for(page, what, CENTRE, [selector, index], timeout_s)
+
+
+# ---------- the server and the browser (fixtures in tests/browser/conftest.py) ----------
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PLOT = ".js-plotly-plot"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError("streamlit did not become healthy")
+
+
+def shot(page, name: str) -> None:
+    """The whole page: the window is made as tall as the app's scrolling main area first."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    size = page.viewport_size
+    tall = page.evaluate("() => document.querySelector('[data-testid=\"stMain\"]')?.scrollHeight || 0")
+    height = min(max(tall, size["height"]), 6000)
+    page.set_viewport_size({"width": size["width"], "height": height})
+    wait_for(page, f"the window to be {height} px tall for {name}", "h => window.innerHeight === h",
+             height)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    page.set_viewport_size(size)
+
+
+def open_page(page, title: str, heading: str) -> float:
+    """Click the sidebar link and wait for the page heading; returns seconds taken."""
+    t0 = time.time()
+    link = page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True)
+    rerun(page, link.click, f"opening the {title} page")
+    visible(page, page.get_by_role("heading", name=re.compile(heading)).first,
+            f"the heading of the {title} page")
+    idle(page)
+    return time.time() - t0
+
+
+def set_number(page, label: str, value: int) -> None:
+    box = page.get_by_label(label, exact=True)
+    visible(page, box, f"the {label} box")
+    box.fill(str(value))
+    rerun(page, lambda: box.press("Enter"), f"setting {label} to {value}")
+
+

@@ -1,20 +1,30 @@
+"""Fixtures every tier shares, and the tier marker of each test, taken from its folder
+(tests/unit, tests/embedded, tests/dashboard, tests/browser, tests/serving)."""
 import os
-import sys
 from pathlib import Path
 
 # OpenMP threads busy-wait by default; beside a test's own server process on 2 cores that
 # slows every forward several-fold. Tests measure no speed, so let idle threads sleep.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import pytest
-import torch
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-SHARED_DATA = ROOT.parent / "shared" / "data"
+TESTS = Path(__file__).resolve().parent
+SHARED_DATA = TESTS.parent.parent / "shared" / "data"
+TIERS = ("unit", "embedded", "dashboard", "browser", "serving")
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(TESTS)
+        tier = rel.parts[0] if len(rel.parts) > 1 else None
+        if tier not in TIERS:
+            raise pytest.UsageError(f"tests/{rel}: a test module belongs in one of the tier folders "
+                                    f"tests/{{{','.join(TIERS)}}}/")
+        item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture(scope="session")

@@ -21,13 +21,9 @@ import torch
 from pop_analysis.engine.adapter import DecoderAdapter
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
+from pop_vllm.variants import NO_BOUNDARY, PREFILL_SKIP_MODE, SkipMode, Variant
 
-VARIANTS = ("full", "pop", "pop_no_kv", "pop_no_boundary", "static", "pop_repair")
-
-# How a layer in the skip set behaves during prefill, per variant.
-_PREFILL_SKIP_MODE = {"full": None, "pop": "kv", "pop_no_kv": "drop", "pop_no_boundary": "kv",
-                      "static": "drop", "pop_repair": "repair"}
-NO_BOUNDARY = ("full", "pop_no_boundary", "static")  # x_N goes through the same stack as the prompt
+VARIANTS = tuple(Variant)  # full, pop, pop_no_kv, pop_no_boundary, static, pop_repair
 
 
 class PromptError(InputError):
@@ -91,9 +87,9 @@ def prefill(adapter: DecoderAdapter, ids: torch.Tensor, cache, skip=(), skip_mod
             start: int = 0, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Run positions start..start+T-1 through the stack; return the last hidden state (B, 1, D).
 
-    skip_mode for layers in `skip`: None runs them in full, "kv" writes the independent K/V
-    projection of the incoming hidden state and passes it through, "repair" does the same with
-    the fitted projections registered for `skip` (see `repair_maps`), "drop" does nothing.
+    skip_mode (a SkipMode) for layers in `skip`: None runs them in full, KV writes the independent
+    K/V projection of the incoming hidden state and passes it through, REPAIR does the same with
+    the fitted projections registered for `skip` (see `repair_maps`), DROP does nothing.
     attention_mask (B, start+T), 1 = real token, 0 = left padding, covers every position so far;
     None means no padding.
     """
@@ -120,14 +116,14 @@ def _layers(adapter: DecoderAdapter, h, pos, cache, skip, skip_mode, pad, layers
     Each layer builds its own mask (cache lengths and sliding windows differ per layer) and
     receives h on its own device (a device_map may split the stack).
     """
-    maps = repair_maps(adapter, skip).maps if skip_mode == "repair" else {}
+    maps = repair_maps(adapter, skip).maps if skip_mode == SkipMode.REPAIR else {}
     skip = frozenset(skip) if skip_mode else frozenset()
     rope = adapter.rotary(h, pos)  # cos, sin: (B, T, Dh) (per layer type on Gemma-3)
     for i in layers:
         if i not in skip:
             mask = adapter.layer_mask(i, cache, h.shape[1], pad)  # (B|1, 1, T, S+T) or None
             h = adapter.run_layer(i, h, pos, rope, cache, mask)  # (B, T, D) on layer i's device
-        elif skip_mode in ("kv", "repair"):
+        elif skip_mode in (SkipMode.KV, SkipMode.REPAIR):
             k, v = adapter.project_kv(i, h, rope, maps.get(i))  # (B, Hkv, T, Dh) each
             adapter.write_kv(cache, i, k, v)
     return h
@@ -164,7 +160,7 @@ def teacher_force(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: i
     Returns float logits for every fed position (B, T, V): logits[:, t] predicts token t+1.
     attention_mask: (B, position+T) padding mask, as in `prefill`.
     """
-    h = _stack(adapter, ids, cache, drop, "drop" if drop else None, position,
+    h = _stack(adapter, ids, cache, drop, SkipMode.DROP if drop else None, position,
                attention_mask)  # (B, T, D)
     return adapter.logits(h).float()  # (B, T, V)
 
@@ -176,7 +172,7 @@ def decode_step(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: int
 
     attention_mask: (B, position+1) padding mask, as in `prefill`.
     """
-    h = prefill(adapter, ids, cache, skip=drop, skip_mode="drop" if drop else None, start=position,
+    h = prefill(adapter, ids, cache, skip=drop, skip_mode=SkipMode.DROP if drop else None, start=position,
                 attention_mask=attention_mask)
     return adapter.logits(h)[:, -1, :].float()  # (B, V)
 
@@ -208,7 +204,7 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
         raise PromptError("pad batches on the left: the last column must be a real token in "
                           "every row")
     cache = adapter.new_cache()
-    mode = _PREFILL_SKIP_MODE[variant]
+    mode = PREFILL_SKIP_MODE[variant]
     am = attention_mask
     _stage(counts, "prefill")
     if variant in NO_BOUNDARY:
@@ -290,9 +286,9 @@ def greedy_from(adapter: DecoderAdapter, first: FirstStep, drop=(), max_new_toke
 
 
 def prefill_skip_mode(variant: str) -> str | None:
-    """How the variant's skipped layers treat prompt positions: None, "kv" or "drop"."""
+    """How the variant's skipped layers treat prompt positions: None or a SkipMode."""
     check_variant(variant)
-    return _PREFILL_SKIP_MODE[variant]
+    return PREFILL_SKIP_MODE[variant]
 
 
 def decode_drop(variant: str, skip) -> tuple[int, ...]:

@@ -5,9 +5,21 @@ a ratio (the last round(ratio * L) layers, as in the paper) or a preset name.
 """
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pop_analysis.errors import InputError, shown
 
-PRESETS = ("paper", "shallow", "interleaved", "none")
+
+class Preset(StrEnum):
+    """Named skip sets of the paper's ablations (each a third of the layers)."""
+
+    PAPER = "paper"  # the last third: POP
+    SHALLOW = "shallow"  # the first third
+    INTERLEAVED = "interleaved"  # every third layer from layer 2
+    NONE = "none"  # the empty set
+
+
+PRESETS = tuple(Preset)
 MAX_LAYERS = 10_000  # bound for layer numbers parsed without a model (no model is deeper)
 
 
@@ -58,13 +70,13 @@ def last_block(n_layers: int, ratio: float) -> tuple[int, ...]:
 def preset(name: str, n_layers: int) -> tuple[int, ...]:
     """Named skip sets used by the paper's ablations (each a third of the layers)."""
     third = round(n_layers / 3)
-    if name == "paper":
+    if name == Preset.PAPER:
         return last_block(n_layers, 1 / 3)
-    if name == "shallow":
+    if name == Preset.SHALLOW:
         return tuple(range(third))
-    if name == "interleaved":
+    if name == Preset.INTERLEAVED:
         return tuple(range(2, n_layers, 3))
-    if name == "none":
+    if name == Preset.NONE:
         return ()
     raise SkipSetError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
 

@@ -12,8 +12,16 @@ from __future__ import annotations
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
-from pop_analysis.engine.pop import (NO_BOUNDARY, FirstStep, _embed, _layers, padding,
-    prefill_skip_mode, prompt_above)
+from pop_analysis.engine.pop import (
+    NO_BOUNDARY,
+    FirstStep,
+    _embed,
+    _layers,
+    padding,
+    prefill_skip_mode,
+    prompt_above,
+)
+from pop_vllm.variants import SkipMode
 
 
 def shareable(adapter: DecoderAdapter) -> bool:
@@ -63,7 +71,7 @@ def continue_from(adapter: DecoderAdapter, h, start: int, cache, position: int, 
     b, t = h.shape[:2]
     pad = padding(attention_mask, b, position + t)  # (B, position+T) or None
     pos = adapter.positions(position, t, b, pad)  # (B, T)
-    h = _layers(adapter, h, pos, cache, drop, "drop" if drop else None, pad,
+    h = _layers(adapter, h, pos, cache, drop, SkipMode.DROP if drop else None, pad,
                 range(start, adapter.n_layers))  # (B, T, D)
     return adapter.logits(h).float()  # (B, T, V)
 

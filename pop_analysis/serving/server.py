@@ -28,19 +28,18 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from pop_analysis.speed import procs
-from pop_analysis.store.paths import cache_dir
 from pop_analysis.serving import venv
 from pop_analysis.serving.venv import ServingError
+from pop_analysis.speed import procs
+from pop_analysis.store.paths import cache_dir
+from pop_vllm import engine_env as plugin_env
+from pop_vllm import settings
 
 HOST = "127.0.0.1"
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 START_TIMEOUT_S = 600.0  # a cold start on 2 shared cores took 28 s; compiled mode takes longer
 POLL_S = 0.5  # readiness polls (each one is a wait on the engine's exit, so a crash ends it)
 STOP_TIMEOUT_S = 20.0
-# Architectures the POP plugin registers a Pop* variant for (pop_vllm/settings.py ARCHITECTURES;
-# stock vLLM serves many more).
-POP_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 SWITCH = "pop_set"  # the plugin's worker method behind the run-time switch (pop_vllm/control.py)
 # What the log says while the engine starts, in order: (pattern, what the bar shows).
 MILESTONES = (
@@ -99,13 +98,11 @@ def pop_overrides(spec: EngineSpec, arch: str) -> dict:
     if not venv.has_plugin():
         raise ServingError(f"the POP plugin (pop_vllm) is not installed in {venv.venv_dir().name}: "
                            f"run `bash {venv.INSTALL_SCRIPT}`")
-    if arch not in POP_ARCHS:
-        raise ServingError(f"model architecture {arch} is not supported by the POP plugin "
-                           f"(supported: {', '.join(POP_ARCHS)}); serve it as variant full")
-    pop = {"skip": sorted(spec.skip), "variant": spec.variant}
-    if spec.variant == "pop_repair":
-        pop["repair"] = spec.repair
-    return {"architectures": [f"Pop{arch}"], "pop": pop}
+    try:
+        return settings.overrides(arch, spec.skip, spec.variant, spec.repair)
+    except settings.PopSettingsError as e:
+        raise ServingError(f"{e}; serve it as variant full" if arch not in settings.ARCHITECTURES
+                           else str(e)) from None
 
 
 def port_free(port: int) -> bool:
@@ -124,19 +121,13 @@ def free_port() -> int:
 
 
 def engine_env(spec: EngineSpec) -> dict:
-    """The environment of the engine: offline, no usage statistics, caches under cache/."""
-    cache = cache_dir()
-    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": HOST,
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": str(int(spec.kv_cache_gib)),
-           "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-           "HF_HOME": str(cache / "hf"), "PYTHONUNBUFFERED": "1",
-           "VLLM_USE_V2_MODEL_RUNNER": "0"}  # the plugin hooks the V1 model runner
+    """The environment of the engine: the plugin's engine environment (offline, no usage
+    statistics, loopback, caches under cache/) over this process's own."""
+    env = {**os.environ, **plugin_env.engine_env(cache_dir(), spec.kv_cache_gib, spec.threads),
+           "PYTHONUNBUFFERED": "1"}
     env.pop("VIRTUAL_ENV", None)
     if spec.switchable:
         env["VLLM_SERVER_DEV_MODE"] = "1"  # the /collective_rpc route of the run-time switch
-    if spec.threads:
-        env["OMP_NUM_THREADS"] = str(spec.threads)
     return env
 
 

@@ -8,8 +8,10 @@ from pathlib import Path
 from pop_analysis.engine.models import resolve_source
 from pop_analysis.serving.server import EngineSpec
 from pop_analysis.serving.venv import ServingError
+from pop_vllm.settings import NO_KV_REASON
+from pop_vllm.variants import SERVED, Variant
 
-VARIANTS = ("full", "pop", "pop_no_boundary", "pop_repair")  # what the plugin serves (pop_vllm/plan.py)
+VARIANTS = SERVED  # what the plugin serves
 
 
 def model_dir(name: str) -> str:
@@ -35,10 +37,8 @@ def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: s
               **engine) -> EngineSpec:
     """The engine for `model` (registry name or directory) with this skip set and variant;
     `repair`: the maps file of pop_repair (repair.store.maps_path)."""
-    if variant == "pop_no_kv":
-        raise ServingError("variant pop_no_kv is not served: in vLLM every layer shares one KV "
-                           "block table per request, so skipped layers cannot keep fewer tokens "
-                           "(docs/serving.md); use pop or pop_repair")
+    if variant == Variant.POP_NO_KV:
+        raise ServingError(NO_KV_REASON)
     if variant not in VARIANTS:
         raise ServingError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if variant != "full" and not skip:

@@ -28,8 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pop_analysis.engine.adapter import Shape
+from pop_vllm.variants import NO_BOUNDARY, PREFILL_SKIP_MODE, SkipMode, Variant
 
-PATHS = ("full", "pop", "pop_no_kv", "pop_no_boundary", "static")
+PATHS = tuple(v for v in Variant if v is not Variant.POP_REPAIR)  # pop_repair: ALIASES
 # Variants whose prefill does the work of another path: pop_repair's fitted K/V maps have the
 # shape of the K/V projections they replace.
 ALIASES = {"pop_repair": "pop"}
@@ -147,7 +148,7 @@ def prefill_ops(s: Shape, n: int, skip=(), path: str = "full", b: int = 4,
         raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
     skip = frozenset(skip) if path != "full" else frozenset()
     ops = _embed(s, n, b, batch)
-    if path in ("full", "pop_no_boundary", "static") or not skip:
+    if path in NO_BOUNDARY or not skip:
         for i in range(s.n_layers):  # one pass over all n tokens, skipped layers pruned
             ops += _pruned_layer(s, i, n, skip, path, b, batch)
         return ops + _head(s, b, batch)
@@ -157,7 +158,7 @@ def prefill_ops(s: Shape, n: int, skip=(), path: str = "full", b: int = 4,
     for i in range(first, s.n_layers):  # x_1..x_{N-1} through the pruned rest
         ops += _pruned_layer(s, i, m, skip, path, b, batch) if m else []
     for i in range(first, s.n_layers):  # the boundary step: x_N alone, attending to all keys
-        if i in skip and path == "pop_no_kv":
+        if i in skip and PREFILL_SKIP_MODE[path] == SkipMode.DROP:
             ops += layer_ops(s, i, 1, 1, 1, b, batch)  # its own key only
         else:
             ops += layer_ops(s, i, 1, *attention_span(s, i, n - 1, 1), b, batch)
@@ -167,7 +168,7 @@ def prefill_ops(s: Shape, n: int, skip=(), path: str = "full", b: int = 4,
 def _pruned_layer(s, i, tokens, skip, path, b, batch) -> list[Op]:
     if i not in skip:
         return layer_ops(s, i, tokens, *attention_span(s, i, 0, tokens), b, batch)
-    return kv_only_ops(s, i, tokens, b, batch) if path in ("pop", "pop_no_boundary") else []
+    return kv_only_ops(s, i, tokens, b, batch) if PREFILL_SKIP_MODE[path] == SkipMode.KV else []
 
 
 def total_flops(ops) -> float:

@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+from .stats import new_stats
+
 METHODS = ("pop_set", "pop_stats", "pop_reset_stats", "pop_forward_seconds")
 
 
@@ -29,7 +31,7 @@ def pop_set(worker, skip, variant: str = "pop", repair: str | None = None) -> di
 
 
 def pop_stats(worker) -> dict:
-    """Counters since the last reset: steps, pop_steps, pruned_tokens, ... (models.new_stats)."""
+    """Counters since the last reset: steps, pop_steps, pruned_tokens, ... (stats.new_stats)."""
     model = _pop_model(worker)
     split = None if model.pop_split is None else model.pop_split.state()
     return dict(model.pop_stats, skip=list(model.pop.skip), variant=model.pop.variant,
@@ -43,8 +45,6 @@ def pop_forward_seconds(worker) -> float:
 
 
 def pop_reset_stats(worker) -> None:
-    from .models import new_stats
-
     _pop_model(worker).pop_stats = new_stats()
 
 

@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 import torch
-
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.models.llama import LlamaForCausalLM
@@ -24,9 +23,9 @@ from . import repair as pop_repair
 from . import settings as pop_settings
 from . import step
 from .layer import copy_kv_weights, pruned_layer
-from .plugin import untested_backends_allowed
-from .settings import PopSettingsError
+from .settings import PopSettingsError, untested_backends_allowed
 from .split import Split, contiguous_block
+from .stats import count, new_stats
 
 logger = init_logger("vllm.pop")
 
@@ -136,24 +135,6 @@ class PopMixin:
                                             pruned_idx, ctx, full_metadata, self.pop_maps.get(i))
         hidden, _ = m.norm(hidden, residual)
         return hidden
-
-
-def new_stats() -> dict:
-    return {"steps": 0, "pop_steps": 0, "pruned_tokens": 0, "full_tokens_in_pop_steps": 0,
-            "decode_only_steps": 0, "decode_only_pop_steps": 0, "recomputed_tokens": 0,
-            "split_steps": 0}  # POP steps taken by split.py (the rest ran the eager loop)
-
-
-def count(stats: dict, facts, p) -> None:
-    stats["steps"] += 1
-    decode_only = bool((facts.computed >= facts.prompt_len).all())
-    stats["decode_only_steps"] += decode_only
-    stats["recomputed_tokens"] += facts.recomputed()  # > 0 only after a preemption
-    if p.needs_pop:
-        stats["pop_steps"] += 1
-        stats["decode_only_pop_steps"] += decode_only
-        stats["pruned_tokens"] += p.n_pruned
-        stats["full_tokens_in_pop_steps"] += p.n_full
 
 
 class PopLlamaForCausalLM(PopMixin, LlamaForCausalLM):

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-VARIANTS = ("full", "pop", "pop_no_boundary", "pop_repair")  # pop_repair: pop's plan, fitted K/V maps
+from .variants import SERVED
+
+VARIANTS = SERVED  # pop_repair: pop's plan, fitted K/V maps
 
 
 def check_variant(variant: str) -> None:

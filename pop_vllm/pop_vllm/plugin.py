@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import logging
 
-from .settings import ARCHITECTURES, SUPPORTED_VLLM, PopSettingsError, parse
+from .settings import (
+    ARCHITECTURES,
+    SUPPORTED_VLLM,
+    PopSettingsError,
+    parse,
+    untested_backends_allowed,
+)
 
 log = logging.getLogger("pop_vllm")
 _done = False
@@ -63,14 +69,11 @@ def check_config(vllm_config) -> None:
                                "VLLM_USE_V2_MODEL_RUNNER=0")
 
 
-def untested_backends_allowed() -> bool:
-    import os
-
-    return os.environ.get("POP_VLLM_UNTESTED_BACKENDS") == "1"
-
-
 def _register_config_checks() -> None:
-    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
+    from vllm.model_executor.models.config import (
+        MODELS_CONFIG_MAP,
+        VerifyAndUpdateConfig,
+    )
 
     class PopConfig(VerifyAndUpdateConfig):
         @staticmethod

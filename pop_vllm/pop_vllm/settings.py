@@ -110,3 +110,8 @@ def overrides(architecture: str, skip=(), variant: str = "pop", repair: str | No
     if repair is not None:
         pop["repair"] = str(repair)
     return {"architectures": [ARCHITECTURES[architecture]], "pop": pop}
+
+
+def untested_backends_allowed() -> bool:
+    """POP_VLLM_UNTESTED_BACKENDS=1 lets the plugin run on attention backends it was not tested with."""
+    return os.environ.get("POP_VLLM_UNTESTED_BACKENDS") == "1"

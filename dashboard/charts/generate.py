@@ -1,0 +1,68 @@
+"""Figures for the logit lens on the Generate page (pure plotly, no streamlit, no model)."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboard.charts.style import DECODE, FULL, POP, layout
+
+
+def commitment_strip(rows: list[dict], n_layers: int, first: int | None = None) -> go.Figure:
+    """One row per model, one cell per generated token: the layer from which the token stays
+    the lens's top-1 up to the output (light = decided early, dark = late; blank = never, i.e. a
+    sampled token the model did not rank first). rows: {"name", "pieces", "commit"}."""
+    width = max(len(r["commit"]) for r in rows) if rows else 0
+    z, text, hover = [], [], []
+    for r in rows:
+        pad = width - len(r["commit"])
+        z.append([c if c is not None else None for c in r["commit"]] + [None] * pad)
+        text.append([_short(p) for p in r["pieces"]] + [""] * pad)
+        hover.append([f"token {i} {p!r}: " + (f"top-1 from layer {c} on" if c is not None else
+                                               "never the model's top-1 (sampled)")
+                      for i, (p, c) in enumerate(zip(r["pieces"], r["commit"]))] + [""] * pad)
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(width)), y=[r["name"] for r in rows], text=text,
+                               texttemplate="%{text}", textfont=dict(size=10), customdata=hover,
+                               hovertemplate="%{y}, %{customdata}<extra></extra>", xgap=1, ygap=3,
+                               zmin=0, zmax=max(n_layers - 1, 1), colorscale="Viridis_r",
+                               colorbar=dict(title="layer", thickness=10)))
+    if first is not None:
+        fig.add_vrect(x0=first - 0.5, x1=first + 0.5, line=dict(color="#ffb300", width=3))
+    fig.update_xaxes(title="generated token (the boxed one is the first divergence)", dtick=1 if width <= 40 else 5)
+    fig.update_yaxes(autorange="reversed")
+    return layout(fig, "Commitment: the layer from which each token stays the top choice",
+                   height=120 + 45 * len(rows))
+
+
+def top_candidates(full: list[tuple[str, float]], other: list[tuple[str, float]],
+                   other_name: str, chosen: tuple[str, str] | None = None) -> go.Figure:
+    """The top-k next tokens of both models at one step, side by side, with probabilities."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("full model", other_name),
+                        horizontal_spacing=0.18)
+    for col, (cands, colour) in enumerate(((full, FULL), (other, POP)), start=1):
+        labels = [f"{_short(t, 14)!r}" for t, _ in cands][::-1]
+        probs = [p for _, p in cands][::-1]
+        picked = chosen[col - 1] if chosen else None
+        colours = [DECODE if picked is not None and t == picked else colour for t, _ in cands][::-1]
+        fig.add_trace(go.Bar(x=probs, y=labels, orientation="h", marker_color=colours,
+                             text=[f"{p:.1%}" for p in probs], textposition="auto",
+                             hovertemplate="%{y}: %{x:.2%}<extra></extra>", showlegend=False),
+                      row=1, col=col)
+        fig.update_xaxes(range=[0, 1], tickformat=".0%", title="probability", row=1, col=col)
+    return layout(fig, "Top next-token candidates at the first divergent step (orange = the "
+                        "token each model chose)", height=320)
+
+
+def _short(piece: str, width: int = 8) -> str:
+    p = piece.replace("\n", "⏎")
+    return p if len(p) <= width else p[: width - 1] + "…"
+
+
+def arrival_chart(series: dict) -> go.Figure:
+    """Seconds since the prompt went in at which each token arrived, per variant."""
+    fig = go.Figure()
+    for name, times in series.items():
+        fig.add_trace(go.Scatter(x=list(range(len(times))), y=times, mode="lines+markers", name=name,
+                                 line=dict(color=FULL if name == "full" else POP)))
+    fig.update_xaxes(title="generated token")
+    fig.update_yaxes(title="seconds since prompt in", rangemode="tozero")
+    return layout(fig, "Token arrival (the first point is the TTFT)", height=300)

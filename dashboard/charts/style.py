@@ -1,0 +1,47 @@
+"""What every chart shares: colours, the layout frame, the shading of skipped layers.
+
+Colours are fixed per meaning across pages: prefill = blue, decode = orange, skipped block =
+grey shading, POP = green, full = dark grey.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+PREFILL, DECODE, POP, FULL = "#1f77b4", "#ff7f0e", "#2ca02c", "#444444"
+FLAGGED = "#d62728"  # a speed the timing protocol did not trust
+SKIP_SHADE = "rgba(120,120,120,0.15)"
+
+
+def layout(fig: go.Figure, title: str, height: int = 360, **kw) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin=dict(l=50, r=20, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.2), **kw)
+    return fig
+
+
+def shade_layers(fig: go.Figure, skip, label: str = "skipped in prefill") -> go.Figure:
+    """Grey bands behind the skipped layers, one per contiguous run."""
+    for lo, hi in runs(skip):
+        fig.add_vrect(x0=lo - 0.5, x1=hi + 0.5, fillcolor=SKIP_SHADE, line_width=0, layer="below",
+                      annotation_text=label if lo == runs(skip)[0][0] else None,
+                      annotation_position="top left")
+    return fig
+
+
+def runs(layers) -> list[tuple[int, int]]:
+    """(3, 4, 5, 9) -> [(3, 5), (9, 9)]."""
+    out: list[tuple[int, int]] = []
+    for i in sorted(layers):
+        if out and i == out[-1][1] + 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
+OVERLAY_COLOURS = ("#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#9467bd")
+
+
+def alpha(hex_colour: str, a: float) -> str:
+    h = hex_colour.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{a})"

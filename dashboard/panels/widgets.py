@@ -1,0 +1,260 @@
+"""Reusable inputs and panels: the sidebar, the skip-set badge and editor, pickers."""
+from __future__ import annotations
+
+import hashlib
+import html
+import re
+from pathlib import Path
+
+import streamlit as st
+
+from dashboard.session import state
+from dashboard.session.links import SOURCE_KEYS
+from dashboard.session.resources import (
+    load_log,
+    locked,
+    memory_in_use,
+    shared_model,
+    unload_models,
+)
+from pop_analysis.data.allowed_paths import check_model
+from pop_analysis.engine.models import REGISTRY, ModelLoadError
+from pop_analysis.store.paths import cache_dir
+
+# radio label -> a registry name (an embedded model) or "hub" / "local"
+SOURCES = {label: key for key, label in SOURCE_KEYS.items()}
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+# ---------- model ----------
+
+def _devices() -> list[str]:
+    import torch
+
+    return ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _spec_from_form(source: str, name: str, device: str, dtype: str) -> state.ModelSpec:
+    embedded = SOURCES[source] in REGISTRY
+    name = SOURCES[source] if embedded else name.strip()
+    if not name:
+        raise ModelLoadError("give a hub id (owner/name) or a local directory")
+    if not embedded:
+        check_model(name)  # outside the allowed folders: refused unread (a hub id resolves in cwd)
+    return state.ModelSpec(name, None if device == "auto" else device, None if dtype == "auto" else dtype)
+
+
+def model_form() -> None:
+    """Sidebar form: model source, name, device, dtype; loads on submit, errors shown here."""
+    with st.sidebar.form("model_form", border=False):
+        source = st.radio("Model", list(SOURCES), key="w.model_source")
+        name = st.text_input("Hub id or directory", key="w.model_name",
+                             placeholder="Qwen/Qwen3-0.6B or /path/to/model",
+                             disabled=False, help="ignored for the embedded models")
+        c1, c2 = st.columns(2)
+        device = c1.selectbox("Device", _devices(), key="w.device")
+        dtype = c2.selectbox("dtype", DTYPES, key="w.dtype")
+        submitted = st.form_submit_button("Load model", width="stretch")
+    refused = st.session_state.get(state.LINK_ERROR)
+    if refused and not submitted:
+        st.sidebar.error(refused)
+    if submitted:
+        st.session_state.pop(state.LINK_ERROR, None)
+        try:
+            spec = _spec_from_form(source, name, device, dtype)
+            with st.sidebar, st.spinner(f"Loading {spec.name} ..."):
+                shared_model(*spec.key)
+        except (ModelLoadError, ValueError, OSError, RuntimeError) as e:
+            st.sidebar.error(f"Model not loaded: {e}")
+            return
+        state.set_model_spec(spec)
+        st.session_state[state.UNLOADED] = False
+
+
+def current_model():
+    """The shared model of the session's spec, or None (unloaded / failed, message shown)."""
+    if st.session_state.get(state.UNLOADED):
+        return None
+    spec = state.model_spec()
+    try:
+        with st.spinner(f"Loading {spec.name} ..."):
+            return shared_model(*spec.key)
+    except (ModelLoadError, ValueError, OSError, RuntimeError) as e:
+        st.sidebar.error(f"Model not loaded: {e}")
+        return None
+
+
+def model_panel(lm) -> None:
+    """Facts about the loaded model, memory in use, and the unload button."""
+    side = st.sidebar
+    if lm is None:
+        side.info("No model loaded. Choose one above and press **Load model**.")
+        return
+    card = lm.card()
+    loads = len(load_log())
+    side.caption(f"**{card['name']}** · {card['layers']} layers · {card['device']} · {card['dtype']} · "
+                 f"loaded in {lm.load_seconds:.1f} s · loads in this server: {loads}")
+    mem = memory_in_use()
+    text = f"Memory in use: {mem['process_rss_mib']:.0f} MiB (process)"
+    if "cuda_allocated_mib" in mem:
+        text += f", {mem['cuda_allocated_mib']:.0f} MiB on the GPU"
+    side.caption(text)
+    if side.button("Unload model", key="w.unload", help="free the memory (all sessions)"):
+        unload_models()
+        st.session_state[state.UNLOADED] = True
+        st.rerun()
+
+
+def model_or_stop():
+    """For pages: the shared model, or a note and stop when none is loaded."""
+    lm = current_model()
+    if lm is None:
+        st.info("No model is loaded. Load one in the sidebar to use this page.")
+        st.stop()
+    return lm
+
+
+def raw_box(where, lm, key: str) -> bool:
+    """The "Raw (no chat template)" box; ticked and fixed for a model without a chat template
+    (a base model such as Gemma-3-270M), whose prompts always go in as written."""
+    if getattr(lm.tokenizer, "chat_template", None):
+        return where.checkbox("Raw (no chat template)", key=state.kept(key, False))
+    where.checkbox("Raw (no chat template)", value=True, disabled=True, key=f"{key}.fixed",
+                   help=f"{lm.name} has no chat template: prompts go in as written")
+    return True
+
+
+def run_lock():
+    """The shared model's run lock (one run at a time across sessions)."""
+    return locked(*state.model_spec().key,
+                  on_wait=lambda: st.toast("Another session is using the model; waiting ..."))
+
+
+# ---------- skip set ----------
+
+SKIP_BOX = "w.skip"  # the sidebar's skip-set box (synced from state.SKIP every run)
+SKIP_ERROR = "lab.skip_error"  # the sidebar box's last rejected input, shown under it
+
+
+def _on_skip_box(n: int) -> None:
+    from dashboard.session.links import parse_skip
+    from pop_analysis.engine.skipset import SkipSetError
+
+    try:
+        state.set_skip(parse_skip(st.session_state[SKIP_BOX]), n)
+        st.session_state.pop(SKIP_ERROR, None)
+    except SkipSetError as e:
+        st.session_state[SKIP_ERROR] = str(e)
+
+
+def skip_badge(lm, where=None) -> None:
+    """The current skip set, always visible and editable: layers, share, ideal speedup, a
+    mini strip, and a box that takes '20-29', '3,5,7' or 'none'."""
+    from dashboard.session.links import skip_text
+    from pop_analysis.engine.skipset import describe
+    from pop_analysis.speed.flops import ideal_speedup
+
+    where = where or st.sidebar
+    n = lm.adapter.n_layers
+    skip = state.skip_for(n)
+    ideal = ideal_speedup(lm.adapter.shape, 512, skip)
+    cells = "".join(
+        f'<span title="layer {i}" style="display:inline-block;width:{max(2, 180 // n)}px;height:12px;'
+        f'margin-right:1px;background:{"#f3b37a" if i in skip else "#cfe3f5"}"></span>'
+        for i in range(n))
+    where.markdown(f"**Skip set:** {html.escape(describe(skip))} "
+                   f"({len(skip)}/{n} layers) · ideal prefill speedup {ideal:.2f}× at 512 tokens")
+    where.markdown(f'<div data-testid="pop-skip-strip">{cells}</div>', unsafe_allow_html=True)
+    state.sync(SKIP_BOX, skip_text(skip))
+    where.text_input("Skip layers", key=SKIP_BOX, on_change=_on_skip_box, args=(n,),
+                     help=f"layers 0..{n - 1} POP skips in prefill: '20-29', '3,5,7-9' or 'none'; "
+                          "shared with every page")
+    err = st.session_state.pop(SKIP_ERROR, None)
+    if err:
+        where.error(f"Skip set unchanged: {err}")
+
+
+# ---------- data sets ----------
+
+def dataset_picker(prefix: str):
+    """Built-in, uploaded file, local path or HF data set -> (source, field, label) or None.
+    The choices survive page changes (kept inputs); so does the last uploaded file."""
+    kind = st.radio("Prompts", ("built-in", "upload a file", "local path", "Hugging Face data set"),
+                    horizontal=True, key=state.kept(f"{prefix}.kind", "built-in"))
+    if kind == "built-in":
+        return "builtin", None, "built-in prompts"
+    if kind == "upload a file":
+        up = st.file_uploader("File (.jsonl, .json, .csv, .parquet, .txt)",
+                              type=["jsonl", "json", "csv", "parquet", "txt"], key=f"{prefix}.upload")
+        last = state.KEEP + f"{prefix}.upload"
+        if up is not None:
+            try:
+                st.session_state[last] = (save_upload(up.name, up.getvalue()), up.name)
+            except OSError as e:  # errors name the user's file, never the cache path
+                st.error(f"Cannot keep the upload {up.name}: {e.strerror or 'write failed'}")
+                return None
+        if last not in st.session_state:
+            return None
+        path, name = st.session_state[last]
+        if up is None:
+            st.caption(f"Using the file uploaded earlier: {name} (upload another to replace it).")
+        return path, field_picker(path, prefix), name
+    if kind == "local path":
+        path = st.text_input("Path of a local file", key=state.kept(f"{prefix}.path", ""),
+                             placeholder="/data/prompts.jsonl")
+        if not path.strip():
+            return None
+        return path.strip(), field_picker(path.strip(), prefix), Path(path).name
+    name = st.text_input("Data set (NAME[:split])", key=state.kept(f"{prefix}.hf", ""),
+                         placeholder="gsm8k:test")
+    field = st.text_input("Field (empty = guess)", key=state.kept(f"{prefix}.hf_field", "")) or None
+    return (f"hf:{name.strip()}", field, name.strip()) if name.strip() else None
+
+
+def field_picker(path: str, prefix: str) -> str | None:
+    from dashboard.session.cached import peek_fields
+
+    fields = peek_fields(path)
+    if not fields:
+        return None
+    options = ["(guess)"] + fields
+    key = f"{prefix}.field"
+    if state.value(key) not in options:  # a choice made for another file
+        st.session_state.pop(key, None)
+        st.session_state.pop(state.KEEP + key, None)
+    choice = st.selectbox("Field holding the prompt", options, key=state.kept(key, "(guess)"))
+    return None if choice == "(guess)" else choice
+
+
+def save_upload(name: str, data: bytes) -> str:
+    """Keep an uploaded file as cache/uploads/<content hash>/<its own name> and return the path
+    (the folder keeps equal names apart; the name is what errors and results show)."""
+    own = Path(re.sub(r"[^\w.\- ]", "_", Path(name).name).lstrip(". ") or "upload")
+    safe = own.stem[:80] + own.suffix[:10]
+    path = cache_dir() / "uploads" / hashlib.sha256(data).hexdigest()[:16] / safe
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return str(path)
+
+
+# ---------- results: where they came from ----------
+
+def _short(v, width: int = 60) -> str:
+    text = " ".join(str(v).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def made_from(key: str, now: dict | None = None, action: str = "Run") -> None:
+    """Under a result: the settings it came from and, when the inputs on screen differ, a stale
+    note naming what changed and the button that updates it."""
+    ctx = state.context_of(key)
+    if ctx:
+        st.caption("Made from: " + " · ".join(f"{k} {_short(v)}" for k, v in ctx.items()
+                                               if k != "partial"))
+    if ctx.get("partial"):
+        st.warning(f"Partial result: {ctx['partial']}")
+    diff = state.changed(key, now or {})
+    if diff:
+        st.warning(f"Stale: the {', '.join(diff)} changed since this result was made; press "
+                   f"**{action}** to update it.", icon=":material/history:")

@@ -1,0 +1,142 @@
+"""One self-contained HTML report of the session's current results, for teaching: the model and
+skip set, then each result the session holds (calibration, generation, drift, sweep) with the
+settings it came from, its figures (plotly.js inlined once: the file opens offline) and tables.
+
+`snapshot()` reads the session in a script run; `build(snapshot)` is pure and runs when the
+user clicks the download button (on another thread, where session state is out of reach).
+"""
+from __future__ import annotations
+
+import datetime
+import html
+
+import streamlit as st
+
+from dashboard.charts import calibrate as calibrate_charts
+from dashboard.charts import drift as drift_charts
+from dashboard.session import state
+from pop_analysis.engine.skipset import describe
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
+h1{margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:.25em .6em}
+.note{color:#666;font-size:.9em}.out{white-space:pre-wrap;background:#f6f6f6;padding:.6em}"""
+
+
+def snapshot() -> dict:
+    """The session's current results and the settings they came from (references, no copies)."""
+    keys = (state.CALIBRATION, state.GENERATION, state.DRIFT, state.DRIFT_B, state.DRIFT_LENGTH,
+            state.SWEEP)
+    ss = st.session_state
+    return {"model": state.model_spec().name, "skip": ss.get(state.SKIP),
+            "results": {k: ss[k] for k in keys if ss.get(k) is not None},
+            "context": {k: state.context_of(k) for k in keys}}
+
+
+def build(snap: dict) -> str:
+    """The report as one HTML page."""
+    parts = [f"<h1>POP Lab report</h1><p class=note>{datetime.datetime.now():%Y-%m-%d %H:%M} · "
+             f"model {_e(snap['model'])} · skip set "
+             f"{_e(describe(snap['skip'] or ()))}</p>"]
+    js = [True]  # plotly.js goes into the first figure only
+
+    def fig(f) -> str:
+        out = f.to_html(full_html=False, include_plotlyjs=js[0])
+        js[0] = False
+        return out
+
+    res, ctx = snap["results"], snap["context"]
+    if not res:
+        parts.append("<p>No results in this session yet: run a calibration, a generation, a "
+                     "drift measurement or a sweep first.</p>")
+    for key, section in SECTIONS:
+        if key in res:
+            parts.append(section(res[key], fig) + _context(ctx.get(key)))
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>POP Lab report</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _context(ctx: dict | None) -> str:
+    if not ctx:
+        return ""
+    items = " · ".join(f"{_e(k)}: {_e(v)}" for k, v in ctx.items())
+    return f"<p class=note>Made from: {items}</p>"
+
+
+def _table(rows: list[dict], cols: list[str] | None = None) -> str:
+    if not rows:
+        return ""
+    cols = cols or list(rows[0])
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{_e(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>"
+                   for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return describe(v) if all(isinstance(i, int) for i in v) else ", ".join(map(str, v))
+    return "" if v is None else str(v)
+
+
+def _calibration(r, fig) -> str:
+    return (f"<h2>Calibration: {_e(r.dataset)}, {r.n_samples} samples</h2>"
+            "<p>Importance of each layer's virtual gate, separately for prefill and decode "
+            "positions. Layers with low prefill importance are those POP can skip.</p>"
+            + fig(calibrate_charts.importance_chart(r.prefill, r.decode, r.prefill_std, r.decode_std)))
+
+
+def _generation(g, fig) -> str:
+    full, other = g["full"], g["other"]
+    return (f"<h2>Generation: full model vs {_e(g['label'])}</h2>"
+            f"<p>Prompt: {g.get('prompt_tokens')} tokens.</p><h3>Full model</h3>"
+            f"<div class=out>{_e(g.get('full_text', ''))}</div><h3>{_e(g['label'])}</h3>"
+            f"<div class=out>{_e(g.get('other_text', ''))}</div>"
+            + _table([{"run": name, "TTFT (ms)": r["ttft_s"] * 1e3, "new tokens": len(r["token_ids"]),
+                       "decode tok/s": r.get("decode_tok_s")}
+                      for name, r in (("full", full), (g["label"], other))]))
+
+
+def _drift(r, fig) -> str:
+    d = r.to_dict()
+    return (f"<h2>Drift: {r.prompt_tokens} prompt tokens, skipped {_e(describe(r.skip_layers))}</h2>"
+            "<p>Cosine similarity of POP's hidden states, K and V cache entries (prompt tokens) "
+            "and decode-time attention outputs to the full model's.</p>"
+            + fig(drift_charts.drift_curves(d, r.skip_layers)) + fig(drift_charts.decode_steps_chart(r.kl, r.top1_agree)))
+
+
+def _drift_b(r, fig) -> str:
+    return _drift(r, fig).replace("<h2>Drift:", "<h2>Drift, pinned run B:", 1)
+
+
+def _drift_length(rows, fig) -> str:
+    return ("<h2>Drift vs context length</h2>" + fig(drift_charts.drift_length_chart(rows))
+            + _table(rows, ["length", "hidden_cos", "k_cos", "v_cos", "attn_out_cos", "kl"]))
+
+
+def _sweep(r, fig) -> str:
+    return (f"<h2>Sweep ({_e(r.kind)}): {_e(r.model)}</h2><p class=note>{_e(r.data)} · "
+            f"{_e(r.device)} · {r.threads} threads</p>"
+            + _table(r.rows, [c for c in ("variant", "skip_ratio", "skip_layers", "length",
+                                          "prefill_speedup", "ideal_speedup", "greedy_agreement",
+                                          "continuation_nll", "n") if any(c in x for x in r.rows)]))
+
+
+SECTIONS = ((state.CALIBRATION, _calibration), (state.GENERATION, _generation),
+            (state.DRIFT, _drift), (state.DRIFT_B, _drift_b), (state.DRIFT_LENGTH, _drift_length),
+            (state.SWEEP, _sweep))
+
+
+def button(where=None) -> None:
+    """The sidebar's download button for the report (built only when clicked)."""
+    snap = snapshot()
+    (where or st.sidebar).download_button(
+        "Report of this session (HTML)", lambda: build(snap), "poplab_report.html", "text/html",
+        key="report.download", on_click="ignore", width="stretch",
+        help="one offline HTML page with the model, skip set and every current result")
