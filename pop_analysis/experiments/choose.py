@@ -20,14 +20,13 @@ from dataclasses import dataclass, field
 
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
-from pop_analysis.experiments.methods_compare import eval_items
-from pop_analysis.experiments.sweep_quality import row_quality
+from pop_analysis.experiments.methods_compare import eval_items, set_quality
 from pop_analysis.experiments.sweep_speed import speed_fields
 from pop_analysis.importance.methods import METHODS
 from pop_analysis.importance.picks import SHAPES, pick
 from pop_analysis.importance.suggest import lowest_block
 from pop_analysis.progress import Tracker, keeping
-from pop_analysis.quality.evaluate import Variant, evaluate_variants
+from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
 from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.speed.timing import TimingConfig
 from pop_analysis.store.schema import Record
@@ -133,11 +132,8 @@ class _Search:
         return [self.tried[describe(s)] for s in sets if describe(s) in self.tried]
 
     def _candidate(self, skip, scores, phase: str) -> dict:
-        q = row_quality(scores, describe(skip), len(self.items), None)
         c = {"k": len(skip), "skip_layers": list(skip), "set": describe(skip), "phase": phase,
-             **{k: q.get(k) for k in ("continuation_nll_delta", "continuation_nll_delta_ci",
-                                      "next_token_kl", "next_token_kl_ci", "next_token_top1",
-                                      "next_token_top1_ci")}}
+             **set_quality(scores[describe(skip)], scores[FULL.name])}
         miss = shortfall(c, self.budget)
         c["shortfall"], c["meets"] = (miss if math.isfinite(miss) else None), miss <= 0
         return c
@@ -269,3 +265,24 @@ def _ci(c: dict, key: str) -> str:
     if v is None:
         return "—"
     return f"{v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{v:.3f}"
+
+
+def cached_choice(lm, importance, budget: Budget, cfg: ChooseConfig = ChooseConfig(),
+                  use_cache=True, progress=None, notice=None) -> tuple[ChoiceResult, bool]:
+    """(result, was_hit) for a ranking from an importance run (methods_run.ImportanceResult)."""
+    from pop_analysis.experiments.methods_compare import importance_params
+    from pop_analysis.experiments.methods_store import check_choice
+    from pop_analysis.importance.methods import primary
+    from pop_analysis.store import results as store
+
+    if cfg.method not in importance.methods:
+        raise ChooseError(f"the importance run has no {cfg.method!r} scores "
+                          f"(it ran {', '.join(importance.methods)})")
+    params = {"model": lm.name, "card": lm.card(), "importance": importance_params(importance),
+              "budget": dataclasses.asdict(budget), "config": dataclasses.asdict(cfg)}
+    label = f"{importance.dataset}, n = {importance.n_samples}"
+    payload, hit = store.cached(
+        KIND, params, lambda: choose(lm, importance.series[primary(cfg.method)], budget, cfg,
+                                     progress, label).to_dict(),
+        use_cache, lambda p: check_choice(p, lm.adapter.n_layers), notice)
+    return ChoiceResult.from_dict(payload), hit

@@ -12,6 +12,7 @@ tail baseline's set.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ class CompareConfig:
     retrieval_length: int = 512  # their prompt tokens
 
     def __post_init__(self):
+        if any(not 0 < b < 1 for b in self.budgets):
+            raise CompareError(f"skip budgets are shares of the layers in (0, 1), got {self.budgets}")
         if not self.budgets or not self.shapes or set(self.shapes) - set(SHAPES):
             raise CompareError(f"give budgets and shapes among {', '.join(SHAPES)}")
         if self.n_samples < 2 or self.offset < 0 or self.answer_tokens < 0 or self.random_seeds < 0:
@@ -134,7 +137,7 @@ def compare_methods(lm, importance, cfg: CompareConfig = CompareConfig(), progre
                                step=step)
     retrieval = _retrieval(lm, cfg, variants)
     speeds = {label: _speed(lm, sets[label], cfg, tracker) for label in sets if label in timed}
-    quality = {label: row_quality(scores, label, len(items), None) for label in sets}
+    quality = {label: set_quality(scores[label], scores[FULL.name]) for label in sets}
     if retrieval is not None:
         n_ret = len(retrieval[FULL.name].answer_correct)
         for label, q in quality.items():
@@ -149,6 +152,17 @@ def compare_methods(lm, importance, cfg: CompareConfig = CompareConfig(), progre
         seconds=time.perf_counter() - t0,
         item_nll={k: s.continuation_nll for k, s in scores.items()},
         notes=[evalset.note] if evalset.note else [])
+
+
+def set_quality(s, full) -> dict:
+    """A set's quality with 95% intervals: ΔNLL paired against the full model over the items
+    (BCa bootstrap), the top-1 agreement with it and KL(full ‖ set) (Student's t)."""
+    d = stats.paired_delta(s.continuation_nll, full.continuation_nll)
+    top1 = stats.mean_ci(s.next_token_top1, bounds=(0.0, 1.0))
+    kl = stats.mean_ci(s.next_token_kl, bounds=(0.0, math.inf))
+    return {"continuation_nll_delta": d.value, "continuation_nll_delta_ci": list(d.ci),
+            "next_token_top1": top1.value, "next_token_top1_ci": list(top1.ci),
+            "next_token_kl": kl.value, "next_token_kl_ci": list(kl.ci)}
 
 
 def _retrieval(lm, cfg: CompareConfig, variants) -> dict | None:
@@ -243,3 +257,29 @@ def verdict_line(v: dict) -> str:
     if beats:
         tail += f"; the tail beats {', '.join(METHODS[m].title for m in beats)}"
     return head + tail
+
+
+def importance_params(importance) -> dict:
+    """What identifies the ranking a comparison or a choice walked (its store key's part)."""
+    return {"dataset": importance.dataset, "fingerprint": importance.fingerprint,
+            "n_samples": importance.n_samples, "config": importance.config,
+            "series": {m: importance.series[primary(m)] for m in importance.methods}}
+
+
+def cached_comparison(lm, importance, cfg: CompareConfig = CompareConfig(), use_cache=True,
+                      progress=None, notice=None, compute_missing=True):
+    """(result, was_hit): the stored comparison for this model, ranking and config, or computed
+    and stored; with compute_missing=False a miss gives (None, False)."""
+    from pop_analysis.experiments.methods_store import check_comparison
+    from pop_analysis.store import results as store
+
+    params = {"model": lm.name, "card": lm.card(), "importance": importance_params(importance),
+              "config": dataclasses.asdict(cfg)}
+    check = lambda p: check_comparison(p, lm.adapter.n_layers)  # noqa: E731
+    if not compute_missing:
+        hit = store.load(KIND, store.make_key(params), check, notice)
+        return (ComparisonResult.from_dict(hit), True) if hit is not None else (None, False)
+    payload, hit = store.cached(KIND, params, lambda: compare_methods(lm, importance, cfg,
+                                                                      progress).to_dict(),
+                                use_cache, check, notice)
+    return ComparisonResult.from_dict(payload), hit

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -146,8 +147,9 @@ def _hook_samples(lm, prompt_ids, progress) -> dict:
     got = forward_metrics(lm, prompt_ids, tick=lambda k: tracker.step(k, "forward with hooks"))
     tri = got.pop("triangle").numpy()  # (n, L, L)
     out = {k: v.numpy() for k, v in got.items()}
-    with np.errstate(invalid="ignore"):
-        out["triangle"] = np.nanmean(tri, axis=0) if len(tri) else tri  # (L, L), NaN off the triangle
+    with warnings.catch_warnings():  # cells off the triangle are NaN in every prompt: stay NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out["triangle"] = np.nanmean(tri, axis=0)  # (L, L)
     return out
 
 
@@ -197,9 +199,10 @@ def _params(lm, prompts, cfg: ImportanceConfig, **extra) -> dict:
 
 
 def cached_importance(lm, prompts, cfg: ImportanceConfig = ImportanceConfig(), use_cache=True,
-                      progress=None, notice=None) -> tuple[ImportanceResult, bool]:
+                      progress=None, notice=None, compute_missing=True):
     """(result, was_hit) for a PromptSet: the stored run, else computed from stored parts where
-    they exist (each part stored as it finishes) and stored."""
+    they exist (each part stored as it finishes) and stored; with compute_missing=False a miss
+    gives (None, False)."""
     from pop_analysis.experiments.methods_store import check_part, check_result
 
     params = _params(lm, prompts, cfg, config=dataclasses.asdict(cfg))
@@ -209,6 +212,8 @@ def cached_importance(lm, prompts, cfg: ImportanceConfig = ImportanceConfig(), u
         hit = store.load(KIND, key, lambda p: check_result(p, L), notice)
         if hit is not None:
             return ImportanceResult.from_dict(hit), True
+    if not compute_missing:
+        return None, False
     ids = [encode(lm, text, raw=cfg.raw) for text in prompts.prompts[:cfg.n_samples]]
 
     def cached(part, compute):

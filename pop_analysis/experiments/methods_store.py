@@ -92,3 +92,41 @@ def agreement(d, names: list[str]) -> None:
             for j, cell in enumerate(row):
                 if cell is not None:
                     matrix([cell], 1, 2, f"agreement.{key}[{i}][{j}]")
+
+
+def check_comparison(payload, n_layers: int | None = None) -> None:
+    """A stored ComparisonResult: rows with known methods and skip sets, verdicts with lines."""
+    from pop_analysis.experiments.methods_compare import ComparisonResult
+
+    if not isinstance(payload, dict):
+        raise RecordError("the payload is not an object")
+    check_fields(ComparisonResult, payload)
+    L = _layers(payload["n_layers"], n_layers)
+    if not payload["rows"] or not payload["verdicts"]:
+        raise RecordError("a comparison without rows or verdicts")
+    for i, row in enumerate(payload["rows"]):
+        if not isinstance(row, dict) or row.get("method") not in METHODS:
+            raise RecordError(f"rows[{i}] names no known method")
+        skip_layers(row.get("skip_layers"), L, f"rows[{i}].skip_layers")
+        numbers([row.get(k) for k in ("budget", "k", "ideal_speedup", "continuation_nll_delta")],
+                f"rows[{i}]", nulls=True)
+    for i, v in enumerate(payload["verdicts"]):
+        if not isinstance(v, dict) or not isinstance(v.get("line"), str) \
+                or v.get("best") not in METHODS:
+            raise RecordError(f"verdicts[{i}] has no line or best method")
+
+
+def check_choice(payload, n_layers: int | None = None) -> None:
+    """A stored ChoiceResult: the chosen set and every candidate's set fit the model."""
+    from pop_analysis.experiments.choose import ChoiceResult
+
+    if not isinstance(payload, dict):
+        raise RecordError("the payload is not an object")
+    check_fields(ChoiceResult, payload)
+    L = _layers(payload["n_layers"], n_layers)
+    skip_layers(payload["chosen"], L, "chosen")
+    matrix([payload["ranking"]], 1, L, "ranking")
+    for i, c in enumerate(payload["candidates"]):
+        if not isinstance(c, dict) or type(c.get("meets")) is not bool:
+            raise RecordError(f"candidates[{i}] has no verdict")
+        skip_layers(c.get("skip_layers"), L, f"candidates[{i}].skip_layers")
