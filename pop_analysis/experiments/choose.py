@@ -20,15 +20,17 @@ from dataclasses import dataclass, field
 
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
-from pop_analysis.experiments.methods_compare import eval_items, set_quality
+from pop_analysis.experiments.methods_compare import eval_items, importance_params, set_quality
+from pop_analysis.experiments.methods_store import check_choice
 from pop_analysis.experiments.sweep_speed import speed_fields
-from pop_analysis.importance.methods import METHODS
+from pop_analysis.importance.methods import METHODS, primary
 from pop_analysis.importance.picks import SHAPES, pick
 from pop_analysis.importance.suggest import lowest_block
 from pop_analysis.progress import Tracker, keeping
 from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
 from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.speed.timing import TimingConfig
+from pop_analysis.store import results as store
 from pop_analysis.store.schema import Record
 
 KIND = "choice"
@@ -270,11 +272,6 @@ def _ci(c: dict, key: str) -> str:
 def cached_choice(lm, importance, budget: Budget, cfg: ChooseConfig = ChooseConfig(),
                   use_cache=True, progress=None, notice=None) -> tuple[ChoiceResult, bool]:
     """(result, was_hit) for a ranking from an importance run (methods_run.ImportanceResult)."""
-    from pop_analysis.experiments.methods_compare import importance_params
-    from pop_analysis.experiments.methods_store import check_choice
-    from pop_analysis.importance.methods import primary
-    from pop_analysis.store import results as store
-
     if cfg.method not in importance.methods:
         raise ChooseError(f"the importance run has no {cfg.method!r} scores "
                           f"(it ran {', '.join(importance.methods)})")
@@ -284,5 +281,5 @@ def cached_choice(lm, importance, budget: Budget, cfg: ChooseConfig = ChooseConf
     payload, hit = store.cached(
         KIND, params, lambda: choose(lm, importance.series[primary(cfg.method)], budget, cfg,
                                      progress, label).to_dict(),
-        use_cache, lambda p: check_choice(p, lm.adapter.n_layers), notice)
+        use_cache, lambda p: check_choice(p, ChoiceResult, lm.adapter.n_layers), notice)
     return ChoiceResult.from_dict(payload), hit

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
+from pop_analysis.experiments.methods_store import check_comparison
 from pop_analysis.experiments.sweep_quality import row_quality
 from pop_analysis.experiments.sweep_speed import speed_fields
 from pop_analysis.importance.methods import METHODS, primary
@@ -29,6 +30,7 @@ from pop_analysis.quality.evalsets import load_eval_set
 from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
 from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.speed.timing import TimingConfig
+from pop_analysis.store import results as store
 from pop_analysis.store.schema import Record
 
 KIND = "method_compare"
@@ -270,12 +272,9 @@ def cached_comparison(lm, importance, cfg: CompareConfig = CompareConfig(), use_
                       progress=None, notice=None, compute_missing=True):
     """(result, was_hit): the stored comparison for this model, ranking and config, or computed
     and stored; with compute_missing=False a miss gives (None, False)."""
-    from pop_analysis.experiments.methods_store import check_comparison
-    from pop_analysis.store import results as store
-
     params = {"model": lm.name, "card": lm.card(), "importance": importance_params(importance),
               "config": dataclasses.asdict(cfg)}
-    check = lambda p: check_comparison(p, lm.adapter.n_layers)  # noqa: E731
+    check = lambda p: check_comparison(p, ComparisonResult, lm.adapter.n_layers)  # noqa: E731
     if not compute_missing:
         hit = store.load(KIND, store.make_key(params), check, notice)
         return (ComparisonResult.from_dict(hit), True) if hit is not None else (None, False)

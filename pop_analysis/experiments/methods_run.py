@@ -19,6 +19,7 @@ import numpy as np
 
 from pop_analysis.engine.generate import encode
 from pop_analysis.engine.pop import check_prompt
+from pop_analysis.experiments.methods_store import check_part, check_result
 from pop_analysis.importance.calibrate import (CalibrationConfig, cached_calibration,
     calibrate_ids, shape_record, used_fingerprint)
 from pop_analysis.importance.compare import RESAMPLES, agreement
@@ -203,13 +204,11 @@ def cached_importance(lm, prompts, cfg: ImportanceConfig = ImportanceConfig(), u
     """(result, was_hit) for a PromptSet: the stored run, else computed from stored parts where
     they exist (each part stored as it finishes) and stored; with compute_missing=False a miss
     gives (None, False)."""
-    from pop_analysis.experiments.methods_store import check_part, check_result
-
     params = _params(lm, prompts, cfg, config=dataclasses.asdict(cfg))
     key = store.make_key(params)
     L = lm.adapter.n_layers
     if use_cache:
-        hit = store.load(KIND, key, lambda p: check_result(p, L), notice)
+        hit = store.load(KIND, key, lambda p: check_result(p, ImportanceResult, L), notice)
         if hit is not None:
             return ImportanceResult.from_dict(hit), True
     if not compute_missing:
@@ -248,7 +247,5 @@ def list_importance() -> list[dict]:
 
 
 def load_importance(key: str, n_layers: int | None = None) -> ImportanceResult | None:
-    from pop_analysis.experiments.methods_store import check_result
-
-    payload = store.load(KIND, key, lambda p: check_result(p, n_layers))
+    payload = store.load(KIND, key, lambda p: check_result(p, ImportanceResult, n_layers))
     return None if payload is None else ImportanceResult.from_dict(payload)

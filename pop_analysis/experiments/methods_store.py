@@ -49,13 +49,15 @@ def check_part(payload, n_layers: int, n: int) -> None:
             matrix(rows, n, n_layers, f"samples.{key}")
 
 
-def check_result(payload, n_layers: int | None = None) -> None:
-    """A stored ImportanceResult (methods_run.py)."""
-    from pop_analysis.experiments.methods_run import ImportanceResult
-
+def _fields(cls, payload) -> None:
     if not isinstance(payload, dict):
         raise RecordError("the payload is not an object")
-    check_fields(ImportanceResult, payload)
+    check_fields(cls, payload)
+
+
+def check_result(payload, cls, n_layers: int | None = None) -> None:
+    """A stored importance run (cls: methods_run.ImportanceResult)."""
+    _fields(cls, payload)
     L = _layers(payload["n_layers"], n_layers)
     bad = [m for m in payload["methods"] if m not in METHODS]
     if bad or not payload["methods"]:
@@ -94,13 +96,10 @@ def agreement(d, names: list[str]) -> None:
                     matrix([cell], 1, 2, f"agreement.{key}[{i}][{j}]")
 
 
-def check_comparison(payload, n_layers: int | None = None) -> None:
-    """A stored ComparisonResult: rows with known methods and skip sets, verdicts with lines."""
-    from pop_analysis.experiments.methods_compare import ComparisonResult
-
-    if not isinstance(payload, dict):
-        raise RecordError("the payload is not an object")
-    check_fields(ComparisonResult, payload)
+def check_comparison(payload, cls, n_layers: int | None = None) -> None:
+    """A stored comparison (cls: methods_compare.ComparisonResult): rows with known methods and
+    skip sets, verdicts with lines."""
+    _fields(cls, payload)
     L = _layers(payload["n_layers"], n_layers)
     if not payload["rows"] or not payload["verdicts"]:
         raise RecordError("a comparison without rows or verdicts")
@@ -116,13 +115,10 @@ def check_comparison(payload, n_layers: int | None = None) -> None:
             raise RecordError(f"verdicts[{i}] has no line or best method")
 
 
-def check_choice(payload, n_layers: int | None = None) -> None:
-    """A stored ChoiceResult: the chosen set and every candidate's set fit the model."""
-    from pop_analysis.experiments.choose import ChoiceResult
-
-    if not isinstance(payload, dict):
-        raise RecordError("the payload is not an object")
-    check_fields(ChoiceResult, payload)
+def check_choice(payload, cls, n_layers: int | None = None) -> None:
+    """A stored budgeted choice (cls: choose.ChoiceResult): the chosen set and every
+    candidate's set fit the model."""
+    _fields(cls, payload)
     L = _layers(payload["n_layers"], n_layers)
     skip_layers(payload["chosen"], L, "chosen")
     matrix([payload["ranking"]], 1, L, "ranking")

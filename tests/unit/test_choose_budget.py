@@ -2,8 +2,9 @@
 budgets and k out of range; a budget that no set meets."""
 import pytest
 
-from pop_analysis.experiments.choose import Budget, ChooseConfig, ChooseError, choose
-from pop_analysis.experiments.methods_compare import CompareConfig, CompareError, compare_methods
+from pop_analysis.experiments.choose import Budget, ChoiceResult, ChooseConfig, ChooseError, choose
+from pop_analysis.experiments.methods_compare import (CompareConfig, CompareError,
+    ComparisonResult, compare_methods)
 from pop_analysis.experiments.methods_run import ImportanceConfig, run_importance
 from pop_analysis.experiments.methods_store import check_choice, check_comparison
 from pop_analysis.importance.picks import BudgetError, budget_k, check_k, pick, random_pick
@@ -40,7 +41,7 @@ def test_the_search_finds_exactly_the_layers_that_change_nothing(lm, ranked):
     assert all(c["meets"] == (c["continuation_nll_delta_ci"][1] <= 1e-3) for c in res.candidates)
     assert not any(c["meets"] for c in res.candidates if len(c["skip_layers"]) > 3)
     assert res.n == 8 and "3 of 6 layers" in res.note and res.ideal_speedup > 1
-    check_choice(res.to_dict(), 6)
+    check_choice(res.to_dict(), ChoiceResult, 6)
     top1 = choose(lm, ranked.series["gate.prefill"], Budget(min_top1=0.999), ChooseConfig(**FAST),
                   evalset=HELD_OUT)
     assert top1.chosen == res.chosen
@@ -94,7 +95,7 @@ def test_bad_budgets_and_k_out_of_range_are_one_line():
 def test_the_comparison_measures_every_methods_set_and_judges_against_the_tail(lm, ranked):
     res = compare_methods(lm, ranked, CompareConfig(budgets=(0.33,), random_seeds=2, **FAST),
                           evalset=HELD_OUT)
-    check_comparison(res.to_dict(), 6)
+    check_comparison(res.to_dict(), ComparisonResult, 6)
     free = {r["method"]: r for r in res.rows if r["shape"] == "free" and r["method"] != "random"}
     assert free["gate"]["skip_layers"] == [3, 5] and free["tail"]["skip_layers"] == [4, 5]
     assert abs(free["gate"]["continuation_nll_delta"]) < 1e-5 < free["tail"]["continuation_nll_delta"]

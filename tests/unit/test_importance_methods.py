@@ -7,7 +7,8 @@ import pytest
 import torch
 from scipy.stats import kendalltau, spearmanr
 
-from pop_analysis.experiments.methods_run import ImportanceConfig, drop_one, run_importance
+from pop_analysis.experiments.methods_run import (ImportanceConfig, ImportanceResult, drop_one,
+    run_importance)
 from pop_analysis.experiments.methods_store import check_result
 from pop_analysis.importance.calibrate import gate_gradients, pack, sample_responses, sample_seed
 from pop_analysis.importance.compare import agreement, kendall_tau_b, spearman_rho
@@ -142,12 +143,12 @@ def test_agreement_of_a_method_with_itself_is_one_and_matches_scipy(result):
 
 def test_the_result_is_a_checked_record(result, lm):
     payload = result.to_dict()
-    check_result(payload, lm.adapter.n_layers)
+    check_result(payload, ImportanceResult, lm.adapter.n_layers)
     with pytest.raises(RecordError, match="the model has 7"):
-        check_result(payload, 7)
+        check_result(payload, ImportanceResult, 7)
     bad = {**payload, "series": {**payload["series"], "bi.prefill": [0.1] * 5}}
     with pytest.raises(RecordError, match="bi.prefill"):
-        check_result(bad, 6)
+        check_result(bad, ImportanceResult, 6)
 
 
 def test_bad_method_names_and_zero_prompts_are_one_line(lm):
