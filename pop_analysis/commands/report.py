@@ -36,9 +36,10 @@ def add_arguments(p) -> None:
                    help="methods part: ranking prompts (WizardLM test set) for every method")
     p.add_argument("--methods-eval-n", type=int, default=m.eval_n,
                    help="methods part: held-out GSM8K items per skip set")
-    p.add_argument("--parts", default=",".join((*PARTS, METHODS_PART)),
-                   help=f"parts to compute now (others come from the cache): {', '.join(PARTS)}, "
-                        f"{METHODS_PART} (which importance method picks the best skip set)")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"parts to compute now (others come from the cache): {', '.join(PARTS)}; "
+                        f"and {METHODS_PART} (which importance method picks the best skip set: "
+                        "hours on a CPU, so only when named)")
     p.add_argument("--render-only", action="store_true", help="compute nothing; render the cache")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="the Markdown file (PNGs go beside it)")
     p.add_argument("--no-cache", action="store_true", help="recompute the parts named")
@@ -120,7 +121,9 @@ def run(args) -> int:
     if any(r is not None for r in results.values()):  # else the tables' section stays as it is
         path = write_report(results, cfg, lm.name, out, command_line(args, cfg))
     summary = {p: None if r is None else round(r.get("seconds", 0.0), 1) for p, r in results.items()}
-    summary[METHODS_PART] = write_methods(args, lm, out, METHODS_PART in parts, bar)
+    methods = write_methods(args, lm, out, METHODS_PART in parts, bar)
+    if methods is not None or METHODS_PART in parts:
+        summary[METHODS_PART] = methods
     if args.json:
         emit_json({"report": str(path), "seconds": summary})
     else:

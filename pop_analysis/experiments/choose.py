@@ -31,7 +31,7 @@ from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
 from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.speed.timing import TimingConfig
 from pop_analysis.store import results as store
-from pop_analysis.store.schema import Record
+from pop_analysis.store.schema import Record, plain
 
 KIND = "choice"
 
@@ -216,7 +216,7 @@ def choose(lm, ranking, budget: Budget, cfg: ChooseConfig = ChooseConfig(), prog
     search = _Search(lm, items, budget, cfg, tracker)
     head = dict(model=lm.name, n_layers=len(scores), method=cfg.method, shape=cfg.shape,
                 budget=dataclasses.asdict(budget), ranking=scores, n=len(items),
-                data=f"{evalset.name}:{evalset.fingerprint[:12]}", config=dataclasses.asdict(cfg),
+                data=f"{evalset.name}:{evalset.fingerprint[:12]}", config=plain(cfg),
                 importance=importance)
     with keeping(lambda: _result(lm, search, head, (), t0, cfg, timed=False)):
         k = bisect(search, scores, cfg.shape)

@@ -31,7 +31,7 @@ from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
 from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.speed.timing import TimingConfig
 from pop_analysis.store import results as store
-from pop_analysis.store.schema import Record
+from pop_analysis.store.schema import Record, plain
 
 KIND = "method_compare"
 
@@ -150,7 +150,7 @@ def compare_methods(lm, importance, cfg: CompareConfig = CompareConfig(), progre
         model=lm.name, n_layers=lm.adapter.n_layers,
         importance=f"{importance.dataset}, n = {importance.n_samples}",
         data=f"{evalset.name}:{evalset.fingerprint[:12]}", n=len(items), rows=rows,
-        verdicts=verdicts(rows, scores, cfg), config=dataclasses.asdict(cfg),
+        verdicts=verdicts(rows, scores, cfg), config=plain(cfg),
         seconds=time.perf_counter() - t0,
         item_nll={k: s.continuation_nll for k, s in scores.items()},
         notes=[evalset.note] if evalset.note else [])

@@ -30,7 +30,7 @@ from pop_analysis.progress import Tracker
 from pop_analysis.quality.evaluate import Variant, evaluate_variants
 from pop_analysis.quality.items import EvalItem
 from pop_analysis.store import results as store
-from pop_analysis.store.schema import Record
+from pop_analysis.store.schema import Record, plain
 
 KIND, PART_KIND = "importance", "importance_part"
 PARTS = {"gate": ("gate", "taylor"), "hooks": ("bi", "angular", "sublayer", "magnitude"),
@@ -184,7 +184,7 @@ def _assemble(lm, cfg, prompt_ids, samples, seconds, stored, tokens, dataset, fp
     return ImportanceResult(
         model=lm.name, dataset=dataset, n_samples=len(prompt_ids), n_layers=L,
         methods=list(cfg.methods), series=means, samples={k: v.tolist() for k, v in samples.items()},
-        agreement=dataclasses.asdict(agree), seconds=seconds, config=dataclasses.asdict(cfg),
+        agreement=dataclasses.asdict(agree), seconds=seconds, config=plain(cfg),
         triangle=None if tri is None else [[None if np.isnan(x) else float(x) for x in row[:L - l]]
                                            for l, row in enumerate(tri)],
         tokens=tokens, prompt_tokens=[len(p) for p in prompt_ids], fingerprint=fp,
