@@ -38,10 +38,13 @@ def section(lm) -> None:
     items = c[3].number_input("Held-out GSM8K items", 2, 1319, key=state.kept("bud.n", 16))
     prompts = c[3].number_input("Ranking prompts (built-in)", 1, 200, key=state.kept("bud.rank_n", 8),
                                 help="used when the Methods page holds no run of this method")
+    most = c[1].number_input("Most sets measured", 1, 100, key=state.kept("bud.most", 24),
+                             help="the search stops after this many candidates")
     if st.button("Find the largest set", type="primary", key="bud.go", disabled=jobs.running(JOB)):
         try:
             budget = ch.Budget(max_nll if use_nll else None, min_top1 if use_top1 else None)
-            cfg = ch.ChooseConfig(method=method, shape=shape, n_samples=int(items))
+            cfg = ch.ChooseConfig(method=method, shape=shape, n_samples=int(items),
+                                  max_candidates=int(most))
             rcfg = ImportanceConfig(methods=(method,), n_samples=int(prompts))
         except ValueError as e:
             st.error(f"Cannot search: {first_line(e)}")
