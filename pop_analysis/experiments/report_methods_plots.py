@@ -18,6 +18,12 @@ def normalised(values) -> list[float]:
     return ((v - v.min()) / span if span > 0 else np.zeros_like(v)).tolist()
 
 
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_curves(imp: dict, path: Path) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(11, 4.2))
@@ -29,9 +35,7 @@ def plot_curves(imp: dict, path: Path) -> None:
     ax.set_ylabel("importance, min-max normalised")
     ax.set_title("Every method's per-layer importance (larger = more important)")
     ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_agreement(imp: dict, path: Path) -> None:
@@ -49,9 +53,7 @@ def plot_agreement(imp: dict, path: Path) -> None:
                 ax.text(j, i, f"{tau[i, j]:.2f}", ha="center", va="center", fontsize=5)
     fig.colorbar(im, ax=ax, label="Kendall τ")
     ax.set_title(f"Rank agreement over layers (n = {a['n']} prompts)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_triangle(imp: dict, path: Path) -> None:
@@ -67,9 +69,7 @@ def plot_triangle(imp: dict, path: Path) -> None:
     ax.set_ylabel("first block l (0-indexed)")
     fig.colorbar(im, ax=ax, label="arccos(cos(h_l, h_l+n)) / π")
     ax.set_title("Angular distance on the last prompt token (Gromov et al.)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_frontier(cmp: dict, path: Path) -> None:
@@ -99,6 +99,4 @@ def plot_frontier(cmp: dict, path: Path) -> None:
         ax.set_ylabel("ΔNLL vs full (nats/token)")
         ax.set_title(f"{shape} sets: quality against k (n = {cmp['n']})")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
