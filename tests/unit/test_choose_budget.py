@@ -11,7 +11,7 @@ from pop_analysis.importance.picks import BudgetError, budget_k, check_k, pick, 
 from pop_analysis.progress import Cancelled
 from pop_analysis.quality.items import EvalItem, EvalSet
 
-from tiny import planted_model, tiny_model, tiny_prompt
+from tiny import CancelWhen, planted_model, tiny_model, tiny_prompt
 
 PLANTED = (1, 3)  # identity blocks of the 6-layer model
 PROMPTS = [tiny_prompt(n, seed=n) for n in (5, 9, 3, 12, 7, 6)]
@@ -62,15 +62,9 @@ def test_the_search_is_bounded_and_cancellable(lm, ranked):
                  ChooseConfig(**FAST, max_candidates=2), evalset=HELD_OUT)
     assert len(res.candidates) == 2
 
-    class Stop:
-        cancel_event = type("E", (), {"is_set": lambda self: True})()
-
-        def __call__(self, update):
-            pass
-
     with pytest.raises(Cancelled) as e:
         choose(lm, ranked.series["gate.prefill"], Budget(max_delta_nll=1e-3),
-               ChooseConfig(**FAST), progress=Stop(), evalset=HELD_OUT)
+               ChooseConfig(**FAST), progress=CancelWhen(lambda update: True), evalset=HELD_OUT)
     assert e.value.partial is not None and e.value.partial.candidates == []
 
 
