@@ -11,17 +11,14 @@ from pop_analysis.experiments.methods_run import (KIND, PART_KIND, ImportanceCon
     cached_importance, list_importance, load_importance)
 from pop_analysis.store import results as store
 
-
-@pytest.fixture()
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path))  # results only: the model is reused
+from cli_lines import last_error_line, one_error_line
 
 
 def last_json(text: str) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
 
-def test_a_short_real_run_of_every_method_is_stored_and_reloaded(embedded, cache):
+def test_a_short_real_run_of_every_method_is_stored_and_reloaded(embedded, tmp_results):
     prompts = load_prompts("builtin")
     cfg = ImportanceConfig(n_samples=2, new_tokens=4, resamples=100)
     res, hit = cached_importance(embedded, prompts, cfg)
@@ -51,7 +48,7 @@ def test_a_short_real_run_of_every_method_is_stored_and_reloaded(embedded, cache
     assert len(store.entries(KIND)) == 2
 
 
-def test_importance_and_choose_commands(embedded, cache, monkeypatch, capsys):
+def test_importance_and_choose_commands(embedded, tmp_results, monkeypatch, capsys):
     import pop_analysis.commands.choose as choose_cmd
     import pop_analysis.commands.importance as importance_cmd
 
@@ -72,9 +69,9 @@ def test_importance_and_choose_commands(embedded, cache, monkeypatch, capsys):
     assert all(set(c) >= {"k", "skip_layers", "continuation_nll_delta_ci", "meets"} for c in got["candidates"])
     assert got["ideal_speedup"] > 1 and got["prefill_speedup"] is None  # --no-speed
     assert main([*choose_args, "--min-top1", "1.0", "--probes", "1"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: no skip set meets top-1 agreement lower bound >= 100%")
-    assert "the best found: layers" in err[-1]
+    err = last_error_line(capsys)
+    assert err.startswith("error: no skip set meets top-1 agreement lower bound >= 100%")
+    assert "the best found: layers" in err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -94,5 +91,4 @@ def test_bad_input_is_one_line_before_any_model_work(argv, message, capsys, monk
     for mod in (choose_cmd, importance_cmd):
         monkeypatch.setattr(mod, "load", refuse)
     assert main(argv) == 1
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1, err
+    assert message in one_error_line(capsys)
