@@ -1,5 +1,7 @@
 """The Methods page and the Skip set page's budgeted choice through AppTest, on the embedded
 model with small settings (results in a temporary store)."""
+from dashboard.session import report
+
 from apptest_util import app, charts, goto, temp_store, texts, wait_jobs  # noqa: F401 (fixture)
 
 
@@ -40,6 +42,14 @@ def test_methods_page_ranks_compares_and_uses_a_set():
     at.selectbox(key="cmp.point").set_value(point).run()
     at.button(key="cmp.use").click().run()
     assert at.session_state["lab.skip"] == tuple(cmp.rows[point]["skip_layers"])
+    goto(at, "methods")
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "Data (CSV)" in labels and "Data (JSON)" in labels
+    assert {"Figure: curves (HTML)", "Figure: agreement (HTML)", "Figure: frontier free (HTML)"} <= set(labels)
+    page = report.build({"model": "smollm2-135m", "skip": at.session_state["lab.skip"],
+                         "results": {"lab.importance": res, "lab.method_compare": cmp},
+                         "context": {}})
+    assert "Importance methods: builtin, 2 prompts" in page and "33% (10 layers, free): best" in page
     goto(at, "generate")
     assert f"Skip set:** {cmp.rows[point]['set']}" in texts(at.sidebar.markdown)
 
@@ -76,3 +86,7 @@ def test_budgeted_choice_on_the_skip_set_page():
     assert len(charts(at)) >= 2, "the strip and the candidates"
     at.button(key="bud.use").click().run()
     assert at.session_state["lab.skip"] == tuple(res.best_found["skip_layers"])
+    assert "Figure: candidates (HTML)" in [b.proto.label for b in at.get("download_button")]
+    page = report.build({"model": "smollm2-135m", "skip": (), "results": {"lab.choice": res},
+                         "context": {}})
+    assert "Budgeted choice (Block Influence, free sets)" in page and "no skip set meets" in page
