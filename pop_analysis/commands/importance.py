@@ -72,9 +72,10 @@ def as_json(res, hit: bool) -> dict:
 
 
 def report(res, hit: bool, comparison: dict | None) -> str:
-    """Scores per layer (one column per series), agreement with the gate, verdicts."""
+    """Scores per layer (each method's primary series; --json has every series), agreement with
+    drop-one (else the gate), verdicts."""
     src = "stored result" if hit else ", ".join(f"{p} {s:.1f} s" for p, s in res.seconds.items())
-    keys = list(res.series)
+    keys = [primary(m) for m in res.methods]
     lines = [f"{res.model} on {res.dataset}: {res.n_samples} prompts ({src}); larger = more important",
              "layer " + " ".join(f"{k[:14]:>14}" for k in keys)]
     for i in range(res.n_layers):
