@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent  # pages/ is resolved from here: a
 PAGES = (  # (file in pages/, title, icon, url path)
     ("overview.py", "Overview", ":material/school:", "overview"),
     ("calibrate.py", "Calibrate", ":material/insights:", "calibrate"),
+    ("methods.py", "Methods", ":material/compare:", "methods"),
     ("skip_set.py", "Skip set", ":material/layers:", "skip_set"),
     ("generate.py", "Generate", ":material/chat:", "generate"),
     ("drift.py", "Drift", ":material/compare_arrows:", "drift"),

@@ -84,3 +84,14 @@ class CancelWhen:
     def __call__(self, update):
         if self.when(update):
             self.cancel_event.set()
+
+
+def planted_model(identity=(1, 3), seed: int = 0):
+    """A tiny Llama whose blocks `identity` add nothing to the residual stream (o_proj and
+    down_proj zeroed): they still project K/V but pass the hidden state through unchanged."""
+    lm = tiny_model("llama", seed=seed)
+    with torch.no_grad():
+        for i in identity:
+            lm.adapter.o_proj(i).weight.zero_()
+            lm.adapter.ffn(i).down_proj.weight.zero_()
+    return lm

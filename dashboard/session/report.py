@@ -14,8 +14,10 @@ import streamlit as st
 
 from dashboard.charts import calibrate as calibrate_charts
 from dashboard.charts import drift as drift_charts
+from dashboard.charts import methods as methods_charts
 from dashboard.session import state
 from pop_analysis.engine.skipset import describe
+from pop_analysis.importance.methods import METHODS, primary
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 h1{margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
@@ -26,7 +28,7 @@ table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;paddin
 def snapshot() -> dict:
     """The session's current results and the settings they came from (references, no copies)."""
     keys = (state.CALIBRATION, state.GENERATION, state.DRIFT, state.DRIFT_B, state.DRIFT_LENGTH,
-            state.SWEEP)
+            state.SWEEP, state.IMPORTANCE, state.METHOD_COMPARE, state.CHOICE)
     ss = st.session_state
     return {"model": state.model_spec().name, "skip": ss.get(state.SKIP),
             "results": {k: ss[k] for k in keys if ss.get(k) is not None},
@@ -128,9 +130,35 @@ def _sweep(r, fig) -> str:
                                           "continuation_nll", "n") if any(c in x for x in r.rows)]))
 
 
+def _importance(r, fig) -> str:
+    titles = {k: f"{METHODS[k.split('.')[0]].title} · {k.split('.', 1)[1]}" for k in r.series}
+    return (f"<h2>Importance methods: {_e(r.dataset)}, {r.n_samples} prompts</h2>"
+            "<p>Every method's per-layer importance (larger = more important), normalised, and "
+            "how their rankings agree.</p>"
+            + fig(methods_charts.curves_chart(r.series, titles, [primary(m) for m in r.methods]))
+            + fig(methods_charts.agreement_heatmap(r.agreement)))
+
+
+def _method_compare(r, fig) -> str:
+    titles = {m: v.title for m, v in METHODS.items()}
+    return (f"<h2>Which method picks the best prefill skip set ({r.n} held-out items)</h2><ul>"
+            + "".join(f"<li>{_e(v['line'])}</li>" for v in r.verdicts) + "</ul>"
+            + "".join(fig(methods_charts.frontier_chart(r.rows, shape, titles))
+                      for shape in r.config["shapes"]))
+
+
+def _choice(r, fig) -> str:
+    return (f"<h2>Budgeted choice ({_e(METHODS[r.method].title)}, {_e(r.shape)} sets)</h2>"
+            f"<p>{_e(r.note)}</p>"
+            + fig(methods_charts.candidates_chart(r.candidates, r.budget.get("max_delta_nll"), r.chosen))
+            + _table(r.candidates, ["phase", "k", "set", "continuation_nll_delta", "next_token_top1",
+                                    "meets"]))
+
+
 SECTIONS = ((state.CALIBRATION, _calibration), (state.GENERATION, _generation),
             (state.DRIFT, _drift), (state.DRIFT_B, _drift_b), (state.DRIFT_LENGTH, _drift_length),
-            (state.SWEEP, _sweep))
+            (state.SWEEP, _sweep), (state.IMPORTANCE, _importance),
+            (state.METHOD_COMPARE, _method_compare), (state.CHOICE, _choice))
 
 
 def button(where=None) -> None:

@@ -25,15 +25,20 @@ def section(model: str, lines: list[str]) -> list[str]:
     return [start, *(f"#{line}" if line.startswith("#") else line for line in lines), end]
 
 
-def place(out: Path, model: str, lines: list[str]) -> str:
-    """The document with `model`'s section put in: replacing its old section, else appended; a
-    missing file, or one without sections, becomes a new document."""
+def place(out: Path, model: str, lines: list[str], after: str | None = None) -> str:
+    """The document with `model`'s section put in: replacing its old section, else right after
+    the section named `after` (when there is one), else appended; a missing file, or one
+    without sections, becomes a new document."""
     block = "\n".join(section(model, lines))
     old = out.read_text(encoding="utf-8") if out.exists() else ""
     start, end = _markers(model)
     if start in old and end in old:
         head, rest = old.split(start, 1)
         return head + block + rest.split(end, 1)[1]
+    prev_end = _markers(after)[1] if after else None
+    if prev_end and prev_end in old:
+        head, rest = old.split(prev_end, 1)
+        return head + prev_end + "\n\n" + block + rest
     if "<!-- report " in old:
         return old.rstrip("\n") + "\n\n" + block + "\n"
     return f"{TITLE}\n\n{INTRO}\n\n{block}\n"

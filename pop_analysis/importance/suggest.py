@@ -45,7 +45,7 @@ def suggest_skip(result, n_skip: int | None = None,
     if not 0 <= k < L:
         raise ValueError(f"n_skip must be in 0..{L - 1} for a {L}-layer model, got {k}")
     if contiguous_tail:
-        adaptive, how = _lowest_block(imp, k), f"the contiguous block of {k} layers"
+        adaptive, how = lowest_block(imp, k), f"the contiguous block of {k} layers"
     else:
         adaptive, how = lowest(imp, k), f"the {k} layers"
     out = {"paper": _suggestion(result, "paper", paper,
@@ -68,7 +68,8 @@ def lowest(imp: list[float], k: int) -> list[int]:
     return sorted(sorted(range(len(imp)), key=lambda i: (imp[i], -i))[:k])
 
 
-def _lowest_block(imp: list[float], k: int) -> list[int]:
+def lowest_block(imp: list[float], k: int) -> list[int]:
+    """The contiguous block of k layers with the lowest summed importance (ties: the deeper)."""
     if k == 0:
         return []
     starts = range(len(imp) - k + 1)

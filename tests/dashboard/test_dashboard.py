@@ -9,7 +9,7 @@ from dashboard.panels.generate_stream import agreement
 
 from apptest_util import app, charts, goto, temp_store, texts, wait_jobs  # noqa: F401 (fixture)
 
-PAGES = ("overview", "calibrate", "skip_set", "generate", "drift", "sweeps")
+PAGES = ("overview", "calibrate", "methods", "skip_set", "generate", "drift", "sweeps")
 
 
 def test_every_page_renders_and_the_model_loads_once():

@@ -73,3 +73,29 @@ def test_report_bad_input_is_one_line(model_dir, cache, capsys, argv, message):
     assert cli.main(["report", "--model", str(model_dir), "--device", "cpu", *argv]) == 1
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_the_methods_part_renders_its_own_section_after_the_models_tables(model_dir, cache,
+                                                                          tmp_path, capsys):
+    out = tmp_path / "r.md"
+    model = ["report", "--model", str(model_dir), *TINY_ARGS, "--out", str(out)]
+    assert cli.main([*model, "--parts", "table3"]) == 0
+    tables = out.read_text()
+    assert cli.main([*model, "--parts", "methods", "--methods-n", "2", "--methods-eval-n", "2"]) == 0
+    seconds = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["seconds"]
+    assert seconds["methods"] is not None and seconds["table3"] is not None
+    text = out.read_text()
+    start, end = f"<!-- report {model_dir} methods -->", f"<!-- /report {model_dir} methods -->"
+    assert text.index(f"<!-- /report {model_dir} -->") < text.index(start) < text.index(end)
+    assert text.split(start)[0].strip() == tables.strip(), "the tables' section is kept as it was"
+    section = text.split(start)[1]
+    for heading in ("## Which method picks the best prefill skip set", "### The methods",
+                    "### How the gate's ranking compares with drop-one", "### Verdicts (n = 2",
+                    "### The tail baseline", "### ΔNLL of each method's set (block"):
+        assert heading in section, heading
+    figs = tmp_path / "r" / slug(str(model_dir))
+    for png in ("methods_curves.png", "methods_agreement.png", "methods_triangle.png",
+                "methods_frontier.png"):
+        assert (figs / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    assert cli.main([*model, "--render-only", "--methods-n", "2", "--methods-eval-n", "2"]) == 0
+    assert out.read_text() == text, "rendered again from the store, unchanged"
