@@ -8,6 +8,7 @@ from pathlib import Path
 from pop_analysis.engine.models import resolve_source
 from pop_analysis.serving.server import EngineSpec
 from pop_analysis.serving.venv import ServingError
+from pop_vllm.engine_env import rank_cpus
 from pop_vllm.settings import NO_KV_REASON
 from pop_vllm.variants import SERVED, Variant
 
@@ -47,6 +48,12 @@ def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: s
         raise ServingError("variant pop_repair needs a repair (--repair KEY or auto)"
                            if repair is None else f"a repair is used by variant pop_repair only, "
                            f"not {variant}")
+    world = engine.get("tensor_parallel", 1) * engine.get("pipeline_parallel", 1)
+    if world > 1:
+        try:
+            rank_cpus(world)  # a core per rank, or one line now rather than a hung engine
+        except ValueError as e:
+            raise ServingError(str(e)) from None
     directory = model_dir(model)
     return EngineSpec(model_dir=directory, name=Path(model).name if "/" in model else model,
                       skip=tuple(skip) if variant != "full" else (), variant=variant,

@@ -50,15 +50,13 @@ def check_config(vllm_config) -> None:
 
     hf = vllm_config.model_config.hf_config
     pop = parse(getattr(hf, "pop", None), hf.num_hidden_layers)
-    check_settings(pop, hf, vllm_config.parallel_config.tensor_parallel_size)
+    check_settings(pop, hf)
     if vllm_config.cache_config.enable_prefix_caching:
         raise PopSettingsError("prefix caching breaks exact POP (a cached block may hold K/V from "
                                "another variant): start the engine with enable_prefix_caching=False "
                                "(--no-enable-prefix-caching)")
     if vllm_config.speculative_config is not None:
         raise PopSettingsError("speculative decoding is not supported with the POP plugin")
-    if vllm_config.parallel_config.pipeline_parallel_size > 1:
-        raise PopSettingsError("pipeline parallelism is not supported by the POP plugin")
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu() and not untested_backends_allowed():

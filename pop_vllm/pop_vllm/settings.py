@@ -21,6 +21,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": "PopMistralForCausalLM",
     "Qwen2ForCausalLM": "PopQwen2ForCausalLM",
     "Qwen3ForCausalLM": "PopQwen3ForCausalLM",
+    "Gemma3ForCausalLM": "PopGemma3ForCausalLM",  # text-only Gemma-3 (sliding-window layers)
 }
 
 
