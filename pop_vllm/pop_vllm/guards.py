@@ -50,12 +50,12 @@ class ControlGuard:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if path != CONTROL_ROUTE and (is_open(path) or self._authorized(scope)):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":  # refused before it is accepted
+            return await send({"type": "websocket.close", "code": 1008})
         if path == CONTROL_ROUTE:
             return await self._control(scope, receive, send)
-        if is_open(path) or self._authorized(scope):
-            return await self.app(scope, receive, send)
-        if scope["type"] == "websocket":
-            return await send({"type": "websocket.close", "code": 1008})
         return await _reply(scope, receive, send, 401, "this route changes the engine and needs "
                             "the starting process's control secret")
 
@@ -70,7 +70,7 @@ class ControlGuard:
         return False
 
     async def _control(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["method"] != "POST":
             return await _reply(scope, receive, send, 405, f"{CONTROL_ROUTE} takes POST only")
         if self._digest is None:
             return await _reply(scope, receive, send, 403, "the POP control route is off: the "

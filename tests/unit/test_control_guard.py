@@ -123,6 +123,7 @@ def test_the_control_route_runs_plugin_methods_only_with_the_secret(monkeypatch)
     status, body = request(g, app, CONTROL_ROUTE, secret=SECRET, body=big)
     assert status == 400 and "larger than" in body["error"]
     assert request(g, app, CONTROL_ROUTE, method="GET", secret=SECRET)[0] == 405
+    assert request(g, app, CONTROL_ROUTE, secret=SECRET, kind="websocket")[0] == 1008
     assert len(client.calls) == 1 and app.seen == []  # the server's own routes never saw them
 
 
