@@ -25,13 +25,33 @@ def model_dir(name: str) -> str:
     return str(Path(source).resolve())
 
 
-def n_layers(directory: str) -> int:
+def text_config(directory: str) -> dict:
     try:
         cfg = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise ServingError(f"{directory} has no readable config.json ({e})") from None
-    cfg = cfg.get("text_config", cfg)
-    return int(cfg["num_hidden_layers"])
+    return cfg.get("text_config", cfg)
+
+
+def n_layers(directory: str) -> int:
+    return int(text_config(directory)["num_hidden_layers"])
+
+
+def check_parallel(directory: str, tensor: int, pipeline: int) -> None:
+    """One line for a parallel layout the model cannot take (vLLM would fail mid-start), or one
+    with more ranks than this process has cores."""
+    cfg = text_config(directory)
+    heads = int(cfg.get("num_attention_heads", 1))
+    if heads % tensor:
+        raise ServingError(f"tensor parallel size {tensor} does not divide the model's {heads} "
+                           "attention heads")
+    if pipeline > int(cfg["num_hidden_layers"]):
+        raise ServingError(f"pipeline parallel size {pipeline} exceeds the model's "
+                           f"{cfg['num_hidden_layers']} layers")
+    try:
+        rank_cpus(tensor * pipeline)  # a core per rank
+    except ValueError as e:
+        raise ServingError(str(e)) from None
 
 
 def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: str | None = None,
@@ -48,13 +68,8 @@ def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: s
         raise ServingError("variant pop_repair needs a repair (--repair KEY or auto)"
                            if repair is None else f"a repair is used by variant pop_repair only, "
                            f"not {variant}")
-    world = engine.get("tensor_parallel", 1) * engine.get("pipeline_parallel", 1)
-    if world > 1:
-        try:
-            rank_cpus(world)  # a core per rank, or one line now rather than a hung engine
-        except ValueError as e:
-            raise ServingError(str(e)) from None
     directory = model_dir(model)
+    check_parallel(directory, engine.get("tensor_parallel", 1), engine.get("pipeline_parallel", 1))
     return EngineSpec(model_dir=directory, name=Path(model).name if "/" in model else model,
                       skip=tuple(skip) if variant != "full" else (), variant=variant,
                       repair=repair, **engine)
