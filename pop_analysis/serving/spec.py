@@ -9,7 +9,7 @@ from pop_analysis.engine.models import resolve_source
 from pop_analysis.serving.server import EngineSpec
 from pop_analysis.serving.venv import ServingError
 from pop_vllm.engine_env import rank_cpus
-from pop_vllm.settings import NO_KV_REASON
+from pop_vllm.settings import EAGER_PIPELINE_REASON, NO_KV_REASON
 from pop_vllm.variants import SERVED, Variant
 
 VARIANTS = SERVED  # what the plugin serves
@@ -37,9 +37,11 @@ def n_layers(directory: str) -> int:
     return int(text_config(directory)["num_hidden_layers"])
 
 
-def check_parallel(directory: str, tensor: int, pipeline: int) -> None:
-    """One line for a parallel layout the model cannot take (vLLM would fail mid-start), or one
-    with more ranks than this process has cores."""
+def check_parallel(directory: str, tensor: int, pipeline: int, eager: bool = True) -> None:
+    """One line for a parallel layout the model or vLLM's CPU backend cannot take (vLLM would
+    fail mid-start or at the first step), or one with more ranks than this process has cores."""
+    if pipeline > 1 and eager:
+        raise ServingError(f"{EAGER_PIPELINE_REASON} (add --compiled)")
     cfg = text_config(directory)
     heads = int(cfg.get("num_attention_heads", 1))
     if heads % tensor:
@@ -69,7 +71,8 @@ def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: s
                            if repair is None else f"a repair is used by variant pop_repair only, "
                            f"not {variant}")
     directory = model_dir(model)
-    check_parallel(directory, engine.get("tensor_parallel", 1), engine.get("pipeline_parallel", 1))
+    check_parallel(directory, engine.get("tensor_parallel", 1), engine.get("pipeline_parallel", 1),
+                   engine.get("eager", True))
     return EngineSpec(model_dir=directory, name=Path(model).name if "/" in model else model,
                       skip=tuple(skip) if variant != "full" else (), variant=variant,
                       repair=repair, **engine)

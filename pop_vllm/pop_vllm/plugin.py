@@ -11,6 +11,7 @@ import logging
 
 from .settings import (
     ARCHITECTURES,
+    EAGER_PIPELINE_REASON,
     SUPPORTED_VLLM,
     PopSettingsError,
     parse,
@@ -57,7 +58,12 @@ def check_config(vllm_config) -> None:
                                "(--no-enable-prefix-caching)")
     if vllm_config.speculative_config is not None:
         raise PopSettingsError("speculative decoding is not supported with the POP plugin")
+    from vllm.config import CompilationMode
     from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and vllm_config.parallel_config.pipeline_parallel_size > 1 \
+            and vllm_config.compilation_config.mode == CompilationMode.NONE:
+        raise PopSettingsError(f"{EAGER_PIPELINE_REASON} (drop --enforce-eager)")
 
     if not current_platform.is_cpu() and not untested_backends_allowed():
         raise PopSettingsError("the POP plugin is tested on vLLM's CPU backend only; set "

@@ -36,6 +36,13 @@ NO_KV_REASON = ("variant pop_no_kv is not supported in vLLM: its skipped layers 
                 "slots would change what x_N and decode attend to; use pop or pop_repair")
 
 
+# A limit of vLLM 0.32's CPU backend, stock models too (gpu_model_runner allocates a later stage's
+# receive buffers in its dummy run; the CPU worker's warm-up runs it only for compiled models).
+EAGER_PIPELINE_REASON = ("pipeline parallel on vLLM 0.32's CPU backend runs in compiled mode only: "
+                         "in eager mode a later stage never allocates the buffers it receives "
+                         "hidden states in, and the first step fails")
+
+
 @dataclass(frozen=True)
 class PopSettings:
     skip: tuple[int, ...] = ()
