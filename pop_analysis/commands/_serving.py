@@ -21,6 +21,10 @@ def add_engine_args(p, variant_default: str = "pop") -> None:
                    help="the engine's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE, default 1)")
     p.add_argument("--max-model-len", type=int, default=4096, help="longest request in tokens")
     p.add_argument("--dtype", default="float32", help="engine dtype (default float32, as POP Lab on CPU)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="engine ranks sharing each layer, one core each (default 1)")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1, metavar="N",
+                   help="engine stages holding consecutive layers, one core each (default 1)")
     p.add_argument("--compiled", action="store_true",
                    help="let vLLM compile the model (slower start; default eager)")
     p.add_argument("--start-timeout", type=float, default=START_TIMEOUT_S, metavar="SECONDS",
@@ -32,6 +36,8 @@ def spec_from_args(args, variant: str | None = None, port: int = 0):
     skip = skip_from_args(args, n_layers(directory))
     if args.kv_cache_gib <= 0 or args.max_model_len < 16 or args.start_timeout <= 0:
         raise ValueError("--kv-cache-gib and --start-timeout must be positive, --max-model-len >= 16")
+    if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:
+        raise ValueError("--tensor-parallel-size and --pipeline-parallel-size must be >= 1")
     variant = variant or args.variant
     repair = None
     if variant == "pop_repair" or args.repair:
@@ -41,7 +47,9 @@ def spec_from_args(args, variant: str | None = None, port: int = 0):
         repair = repair_file(args.model, skip, args.repair)
     return make_spec(args.model, skip, variant, repair=repair, port=port,
                      kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
-                     dtype=args.dtype, eager=not args.compiled)
+                     dtype=args.dtype, eager=not args.compiled,
+                     tensor_parallel=args.tensor_parallel_size,
+                     pipeline_parallel=args.pipeline_parallel_size)
 
 
 def repair_file(model: str, skip, spec: str | None) -> str:

@@ -10,7 +10,9 @@ It never outlives the process that started it:
 - the watchdog ends the group when this process disappears without running atexit (SIGKILL).
 
 `variant="full"` is stock vLLM; any other variant selects the POP plugin (pop_vllm/) through
-`--hf-overrides` (see pop_overrides()).
+`--hf-overrides` (see pop_overrides()). Every engine runs behind the plugin's guard
+(`--middleware`): the run-time switch and any route that changes the engine answer only the secret
+this process hands it in its environment (control.py).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from pop_analysis.serving import venv
+from pop_analysis.serving import control, venv
 from pop_analysis.serving.venv import ServingError
 from pop_analysis.speed import procs
 from pop_analysis.store.paths import cache_dir
@@ -41,6 +43,7 @@ START_TIMEOUT_S = 600.0  # a cold start on 2 shared cores took 28 s; compiled mo
 POLL_S = 0.5  # readiness polls (each one is a wait on the engine's exit, so a crash ends it)
 STOP_TIMEOUT_S = 20.0
 SWITCH = "pop_set"  # the plugin's worker method behind the run-time switch (pop_vllm/control.py)
+SECRET_SHOWN = f"${control.CONTROL_TOKEN_ENV}"  # what command_line shows: the shell's own, never ours
 # What the log says while the engine starts, in order: (pattern, what the bar shows).
 MILESTONES = (
     (r"non-default args", "reading the model config"),
@@ -77,8 +80,10 @@ class EngineSpec:
     max_model_len: int = 4096
     dtype: str = "float32"  # POP Lab's CPU dtype (vLLM would downcast to bfloat16)
     eager: bool = True  # --enforce-eager (compiled mode starts slower)
-    switchable: bool = False  # POP engine with a run-time full/POP switch (dev endpoints on)
+    switchable: bool = False  # POP engine whose sides are switched at run time (control.py)
     threads: int | None = None  # OMP threads of the worker (None: vLLM's choice)
+    tensor_parallel: int = 1  # --tensor-parallel-size (ranks bound to their own cores)
+    pipeline_parallel: int = 1  # --pipeline-parallel-size
 
     @property
     def pop(self) -> bool:
@@ -120,14 +125,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def engine_env(spec: EngineSpec) -> dict:
+def engine_env(spec: EngineSpec, secret: str | None = None) -> dict:
     """The environment of the engine: the plugin's engine environment (offline, no usage
-    statistics, loopback, caches under cache/) over this process's own."""
-    env = {**os.environ, **plugin_env.engine_env(cache_dir(), spec.kv_cache_gib, spec.threads),
-           "PYTHONUNBUFFERED": "1"}
-    env.pop("VIRTUAL_ENV", None)
-    if spec.switchable:
-        env["VLLM_SERVER_DEV_MODE"] = "1"  # the /collective_rpc route of the run-time switch
+    statistics, loopback, caches under cache/) over this process's own, with the control secret
+    (the guard's; never vLLM's development routes)."""
+    try:
+        world = plugin_env.engine_env(cache_dir(), spec.kv_cache_gib, spec.threads,
+                                      spec.tensor_parallel * spec.pipeline_parallel)
+    except ValueError as e:
+        raise ServingError(str(e)) from None
+    env = {**os.environ, **world, "PYTHONUNBUFFERED": "1"}
+    for name in ("VIRTUAL_ENV", "VLLM_SERVER_DEV_MODE", control.CONTROL_TOKEN_ENV):
+        env.pop(name, None)
+    if secret:
+        env[control.CONTROL_TOKEN_ENV] = secret
     return env
 
 
@@ -138,6 +149,11 @@ def command(spec: EngineSpec, python: str, port: int) -> list[str]:
            "--disable-uvicorn-access-log"]
     if spec.eager:
         cmd.append("--enforce-eager")
+    for flag, n in (("--tensor-parallel-size", spec.tensor_parallel),
+                    ("--pipeline-parallel-size", spec.pipeline_parallel)):
+        if n != 1:
+            cmd += [flag, str(n)]
+    cmd += ["--middleware", plugin_env.GUARD]
     if spec.pop:
         cmd += ["--hf-overrides", json.dumps(pop_overrides(spec, architecture(spec.model_dir)),
                                              separators=(",", ":"))]
@@ -158,6 +174,7 @@ class Engine:
         self.cmd: list[str] = []
         self.log_path: Path | None = None
         self.start_s: float | None = None  # seconds from launch to ready
+        self._secret = control.new_secret()  # the control route's; in the engine's environment only
         self._lock = threading.Lock()
 
     @property
@@ -170,8 +187,9 @@ class Engine:
         env = engine_env(self.spec)
         keep = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_HOST_IP", "HF_HUB_OFFLINE",
                 "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
-                "VLLM_USE_V2_MODEL_RUNNER", "VLLM_SERVER_DEV_MODE", "OMP_NUM_THREADS")
+                "VLLM_USE_V2_MODEL_RUNNER", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")
         pre = [f"{k}={shlex.quote(env[k])}" for k in keep if k in env]
+        pre.append(f"{control.CONTROL_TOKEN_ENV}=\"{SECRET_SHOWN}\"")  # the secret is never shown
         return " ".join(pre + [shlex.quote(c) for c in self.cmd])
 
     def start(self, progress=None, timeout_s: float = START_TIMEOUT_S) -> "Engine":
@@ -187,7 +205,8 @@ class Engine:
         t0 = time.perf_counter()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [python, str(WATCHDOG), str(os.getpid()), *self.cmd], env=engine_env(self.spec),
+                [python, str(WATCHDOG), str(os.getpid()), *self.cmd],
+                env=engine_env(self.spec, self._secret),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=cache_dir())
         _RUNNING.add(self)
@@ -234,17 +253,18 @@ class Engine:
         Every worker answers."""
         if not (self.spec.pop and self.spec.switchable):
             raise ServingError("this engine has no run-time switch (start it switchable)")
-        body = json.dumps({"method": SWITCH, "args": [sorted(skip), variant, repair]}).encode()
-        req = urllib.request.Request(f"{self.url}/collective_rpc", body,
-                                     {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                got = json.load(r)["results"]
-        except OSError as e:
-            self.check()
-            raise ServingError(f"the run-time switch failed: {e}") from None
+        got = self.control(SWITCH, [sorted(skip), variant, repair])
         if not got or any(g.get("variant") != variant for g in got):
             raise ServingError(f"the run-time switch answered {got!r}, not variant {variant}")
+
+    def control(self, method: str, args=()) -> list:
+        """A plugin worker method (pop_vllm.control) on every worker, through the guarded control
+        route with this engine's secret; one-line ServingError when refused or dead."""
+        try:
+            return control.call(self.url, self._secret, method, args)
+        except OSError as e:
+            self.check()
+            raise ServingError(f"the control call {method} failed: {e}") from None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

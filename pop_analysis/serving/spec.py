@@ -8,7 +8,8 @@ from pathlib import Path
 from pop_analysis.engine.models import resolve_source
 from pop_analysis.serving.server import EngineSpec
 from pop_analysis.serving.venv import ServingError
-from pop_vllm.settings import NO_KV_REASON
+from pop_vllm.engine_env import rank_cpus
+from pop_vllm.settings import EAGER_PIPELINE_REASON, NO_KV_REASON
 from pop_vllm.variants import SERVED, Variant
 
 VARIANTS = SERVED  # what the plugin serves
@@ -24,13 +25,35 @@ def model_dir(name: str) -> str:
     return str(Path(source).resolve())
 
 
-def n_layers(directory: str) -> int:
+def text_config(directory: str) -> dict:
     try:
         cfg = json.loads((Path(directory) / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise ServingError(f"{directory} has no readable config.json ({e})") from None
-    cfg = cfg.get("text_config", cfg)
-    return int(cfg["num_hidden_layers"])
+    return cfg.get("text_config", cfg)
+
+
+def n_layers(directory: str) -> int:
+    return int(text_config(directory)["num_hidden_layers"])
+
+
+def check_parallel(directory: str, tensor: int, pipeline: int, eager: bool = True) -> None:
+    """One line for a parallel layout the model or vLLM's CPU backend cannot take (vLLM would
+    fail mid-start or at the first step), or one with more ranks than this process has cores."""
+    if pipeline > 1 and eager:
+        raise ServingError(f"{EAGER_PIPELINE_REASON} (add --compiled)")
+    cfg = text_config(directory)
+    heads = int(cfg.get("num_attention_heads", 1))
+    if heads % tensor:
+        raise ServingError(f"tensor parallel size {tensor} does not divide the model's {heads} "
+                           "attention heads")
+    if pipeline > int(cfg["num_hidden_layers"]):
+        raise ServingError(f"pipeline parallel size {pipeline} exceeds the model's "
+                           f"{cfg['num_hidden_layers']} layers")
+    try:
+        rank_cpus(tensor * pipeline)  # a core per rank
+    except ValueError as e:
+        raise ServingError(str(e)) from None
 
 
 def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: str | None = None,
@@ -48,6 +71,8 @@ def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: s
                            if repair is None else f"a repair is used by variant pop_repair only, "
                            f"not {variant}")
     directory = model_dir(model)
+    check_parallel(directory, engine.get("tensor_parallel", 1), engine.get("pipeline_parallel", 1),
+                   engine.get("eager", True))
     return EngineSpec(model_dir=directory, name=Path(model).name if "/" in model else model,
                       skip=tuple(skip) if variant != "full" else (), variant=variant,
                       repair=repair, **engine)

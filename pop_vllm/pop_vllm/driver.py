@@ -8,9 +8,12 @@ JOB:  {"model": DIR, "engine": {LLM keyword arguments},
        "pop": {"skip": [...], "variant": "pop", "repair": PATH} | null (null: the stock
        architecture; repair only for pop_repair),
        "runs": [{"set": {"skip": [...], "variant": ..., "repair": PATH} (optional run-time
-                 switch), "prompts": [[ids], ...], "max_tokens": N, "batched": true}]}
+                 switch), "prompts": [[ids], ...], "max_tokens": N, "batched": true,
+                 "logprobs": K, "prompt_logprobs": K or [K | null per prompt] (optional)}]}
 Prints one line "POP_DRIVER_RESULT " + JSON: {"jobs": [{"ok": true, "start_s": ..., "runs":
-[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null}]} or {"ok": false,
+[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null, "logprobs": [[...]],
+"prompt_logprobs": [[null, ...]]}]} (log-probs of the generated / prompt tokens themselves, when
+asked) or {"ok": false,
 "error": "one line"}, ...]}. A run whose switch or generation fails gives {"error": "one line"}
 and the job goes on with its next run. "preemptions" is vLLM's vllm:num_preemptions counter
 (engines started with disable_log_stats=False; null otherwise).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 
@@ -48,6 +52,7 @@ def run_job(job: dict) -> dict:
     from .settings import overrides
 
     engine = dict(job.get("engine", {}))
+    _bind_ranks(engine.get("tensor_parallel_size", 1) * engine.get("pipeline_parallel_size", 1))
     pop = job.get("pop")
     if pop is not None:
         engine["hf_overrides"] = overrides(job.get("architecture", "LlamaForCausalLM"),
@@ -69,6 +74,18 @@ def run_job(job: dict) -> dict:
     return out
 
 
+def _bind_ranks(world: int, _auto=os.environ.get("VLLM_CPU_OMP_THREADS_BIND")) -> None:
+    """Each rank of a parallel engine on its own cores; a one-rank engine as the caller set it."""
+    from .engine_env import rank_cpus
+
+    if world > 1:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = rank_cpus(world)
+    elif _auto is None:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    else:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _auto
+
+
 def _run(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
     if "set" in run:
         llm.collective_rpc("pop_set", args=(run["set"].get("skip", ()),
@@ -76,16 +93,30 @@ def _run(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
                                             run["set"].get("repair")))
     if is_pop:
         llm.collective_rpc("pop_reset_stats")
-    params = SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in run["prompts"]]
+    asked = run.get("prompt_logprobs")
+    per_prompt = asked if isinstance(asked, list) else [asked] * len(prompts)
+    params = [SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True,
+                             logprobs=run.get("logprobs"), prompt_logprobs=k) for k in per_prompt]
     if run.get("batched", True):
         res = llm.generate(prompts, params, use_tqdm=False)
-        tokens = [list(r.outputs[0].token_ids) for r in res]
     else:
-        tokens = [list(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids)
-                  for p in prompts]
-    return {"tokens": tokens, "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
-            "preemptions": _preemptions(llm)}
+        res = [llm.generate([p], k, use_tqdm=False)[0] for p, k in zip(prompts, params)]
+    out = {"tokens": [list(r.outputs[0].token_ids) for r in res],
+           "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
+           "preemptions": _preemptions(llm)}
+    if run.get("logprobs") is not None:
+        out["logprobs"] = [_own(r.outputs[0].logprobs, r.outputs[0].token_ids) for r in res]
+    if asked is not None:
+        out["prompt_logprobs"] = [None if r.prompt_logprobs is None else
+                                  _own(r.prompt_logprobs, r.prompt_token_ids) for r in res]
+    return out
+
+
+def _own(per_position, ids) -> list:
+    """The log-prob of each token itself from vLLM's per-position {token: Logprob} (None where
+    vLLM gives none: the first prompt position)."""
+    return [None if d is None else d[t].logprob for d, t in zip(per_position, ids)]
 
 
 def _preemptions(llm) -> int | None:

@@ -10,8 +10,30 @@ import os
 from pathlib import Path
 
 
-def engine_env(cache_root: str | Path, kv_cache_gib: int = 1, threads: int | None = None) -> dict:
-    """kv_cache_gib: whole GiB (vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer)."""
+# The run-time control route (pop_vllm.guards): the secret comes to the engine in its environment
+# (readable only by the user who started it, unlike the command line), never in a log or a command.
+CONTROL_TOKEN_ENV = "POP_VLLM_CONTROL_TOKEN"
+CONTROL_ROUTE = "/pop/control"
+GUARD = "pop_vllm.guards.ControlGuard"  # the API server's --middleware
+
+
+def rank_cpus(world_size: int, cpus=None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `world_size` ranks (tensor x pipeline parallel): the cores
+    this process may use, split evenly, one list per rank ("0|1"; vLLM's automatic binding gives
+    each rank a NUMA node, and this machine has one). ValueError when there are fewer cores than
+    ranks."""
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if world_size < 1 or len(cpus) < world_size:
+        raise ValueError(f"{world_size} engine ranks (tensor x pipeline parallel) need a core each; "
+                         f"this process may use {len(cpus)}")
+    per = len(cpus) // world_size
+    return "|".join(",".join(map(str, cpus[r * per:(r + 1) * per])) for r in range(world_size))
+
+
+def engine_env(cache_root: str | Path, kv_cache_gib: int = 1, threads: int | None = None,
+               world_size: int = 1) -> dict:
+    """kv_cache_gib: whole GiB (vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer) per rank;
+    world_size: tensor x pipeline parallel ranks (> 1: each bound to its own cores)."""
     cache_root = Path(cache_root)
     if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
         raise ValueError(f"kv_cache_gib must be a whole number of GiB >= 1, got {kv_cache_gib}")
@@ -29,6 +51,8 @@ def engine_env(cache_root: str | Path, kv_cache_gib: int = 1, threads: int | Non
     }
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
+    if world_size > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = rank_cpus(world_size)
     return env
 
 

@@ -3,7 +3,8 @@ run the whole layer.
 
 Works on vLLM's Llama-family decoder layers (Llama, Mistral, Qwen2, Qwen3): input_layernorm,
 self_attn (qkv_proj, optional q_norm/k_norm, rotary_emb, attn, o_proj), post_attention_layernorm,
-mlp, with vLLM's (hidden, residual) pair whose sum is the residual stream.
+mlp, with vLLM's (hidden, residual) pair whose sum is the residual stream; and on Gemma-3's, which
+add two norms (each branch's output is normed before it joins the residual: `_branches`).
 """
 from __future__ import annotations
 
@@ -92,6 +93,16 @@ def project_pruned_kv(a, h_pruned, pos_pruned, kv_proj=None):
     return k, v
 
 
+def _branches(layer, o, residual):
+    """The rest of the layer after o_proj, as its own forward does it: o (F, D) the attention
+    output, residual (F, D) x_l; returns (hidden, residual) (F, D) each."""
+    if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma: each branch normed, then added
+        h, residual = layer.pre_feedforward_layernorm(layer.post_attention_layernorm(o), residual)
+        return layer.post_feedforward_layernorm(layer.mlp(h)), residual
+    h, residual = layer.post_attention_layernorm(o, residual)
+    return layer.mlp(h), residual
+
+
 def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, full_metadata,
                  kv_proj=None):
     """hidden, residual: (T, D) each (residual None before the first layer); full_idx (F,),
@@ -125,8 +136,7 @@ def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, 
     with swapped(ctx, attn_metadata=full_metadata()):
         o = a.attn(q, None, None)  # (F, heads * head_dim); None: K/V are written already
     o, _ = a.o_proj(o)  # (F, D)
-    h_out, r_out = layer.post_attention_layernorm(o, residual.index_select(0, full_idx))
-    h_out = layer.mlp(h_out)  # (F, D)
+    h_out, r_out = _branches(layer, o, residual.index_select(0, full_idx))  # (F, D) each
     # Pruned tokens leave the layer unchanged: hidden 0, residual x_l (the next norm adds them).
     hidden = torch.zeros_like(residual).index_copy_(0, full_idx, h_out)  # (T, D)
     residual = residual.clone().index_copy_(0, full_idx, r_out)  # (T, D)

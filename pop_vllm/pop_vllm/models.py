@@ -1,10 +1,15 @@
-"""Pop* variants of vLLM's Llama-family causal LMs (registered by `plugin.register`).
+"""Pop* variants of vLLM's Llama-family and Gemma-3 causal LMs (registered by `plugin.register`).
 
 A step with no pruned token (decode-only steps, variant full, an empty skip set, warm-up runs)
 calls the stock forward unchanged, compiled or not. A step with pruned tokens runs either the split
 of `split.py` (the engine's own skip set when it is one contiguous block: compiled pieces in
 compiled mode) or the layer loop here, eagerly: kept layers are the stock layers on every token,
 skipped layers `pruned_layer`.
+
+Pipeline parallel: each stage runs its own layers (start_layer..end_layer) of the same plan (every
+stage's model runner sees the same scheduled requests), taking the previous stage's (hidden,
+residual) and handing its own on; pruned tokens travel as (0, x) like between layers. The split
+is built for one-stage engines only: a POP step of a pipeline runs the layer loop.
 """
 from __future__ import annotations
 
@@ -12,12 +17,15 @@ import time
 
 import numpy as np
 import torch
+from vllm.distributed import get_pp_group
 from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
+from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.mistral import MistralForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+from vllm.sequence import IntermediateTensors
 
 from . import repair as pop_repair
 from . import settings as pop_settings
@@ -44,7 +52,8 @@ class PopMixin:
         self.pop_stats = new_stats()
         self.pop_forward_s = 0.0  # model forward seconds in this worker, all steps
         self._check_layers()
-        block = contiguous_block(self.pop.skip) if self.pop.active else None
+        one_stage = get_pp_group().world_size == 1
+        block = contiguous_block(self.pop.skip) if self.pop.active and one_stage else None
         # Off the module tree (the pieces hold no weights of their own).
         object.__setattr__(self, "pop_split", None if block is None else
                            Split(vllm_config, self.model, block))
@@ -69,11 +78,9 @@ class PopMixin:
         """Take new settings, loading pop_repair's maps first (bad maps leave the old ones)."""
         maps = {}
         if pop.variant == "pop_repair":
-            from vllm.distributed import get_tensor_model_parallel_world_size
-
-            pop_repair.check_settings(pop, self.pop_hf, get_tensor_model_parallel_world_size())
-            device = self.model.embed_tokens.weight.device
-            maps = pop_repair.load_projections(pop, self.pop_dtype, device)
+            pop_repair.check_settings(pop, self.pop_hf)
+            device = next(self.parameters()).device  # a later stage has no embedding
+            maps = pop_repair.load_projections(pop, self.pop_dtype, device, self.pop_hf)
         self.pop, self.pop_maps = pop, maps
 
     def load_weights(self, weights):
@@ -99,10 +106,11 @@ class PopMixin:
             p = step.plan(facts, self.pop.variant, n)
             count(self.pop_stats, facts, p)
             if p.needs_pop:
-                return self._pop_forward(facts, p, input_ids, positions, inputs_embeds)
+                return self._pop_forward(facts, p, input_ids, positions, inputs_embeds,
+                                         intermediate_tensors)
         return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kw)
 
-    def _pop_forward(self, facts, p, input_ids, positions, inputs_embeds):
+    def _pop_forward(self, facts, p, input_ids, positions, inputs_embeds, intermediate_tensors):
         m = self.model
         dev = positions.device
         full_idx = torch.from_numpy(p.full_index).to(dev)  # (F,)
@@ -123,8 +131,11 @@ class PopMixin:
             self.pop_stats["split_steps"] += 1
             return split.forward(m, input_ids, positions, full_idx, pruned_idx, ctx, full_metadata,
                                  self.pop_maps)
-        hidden = inputs_embeds if inputs_embeds is not None else m.embed_input_ids(input_ids)
-        residual = None
+        if intermediate_tensors is not None:  # a later pipeline stage: the previous one's pair
+            hidden, residual = intermediate_tensors["hidden_states"], intermediate_tensors["residual"]
+        else:
+            hidden = inputs_embeds if inputs_embeds is not None else m.embed_input_ids(input_ids)
+            residual = None
         skip = set(self.pop.skip)
         for i in range(m.start_layer, m.end_layer):
             layer = m.layers[i]
@@ -133,6 +144,8 @@ class PopMixin:
                 continue
             hidden, residual = pruned_layer(layer, positions, hidden, residual, full_idx,
                                             pruned_idx, ctx, full_metadata, self.pop_maps.get(i))
+        if not get_pp_group().is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden, "residual": residual})
         hidden, _ = m.norm(hidden, residual)
         return hidden
 
@@ -150,4 +163,8 @@ class PopQwen2ForCausalLM(PopMixin, Qwen2ForCausalLM):
 
 
 class PopQwen3ForCausalLM(PopMixin, Qwen3ForCausalLM):
+    pass
+
+
+class PopGemma3ForCausalLM(PopMixin, Gemma3ForCausalLM):
     pass

@@ -7,6 +7,10 @@ before the request's boundary; every other token (x_N, generated tokens, a recom
 token after preemption) is full. The boundary comes from the request's prompt length, never from
 "the last token of the request in this step": a chunk of a long prompt ends before x_N.
 
+A request that asked for prompt log-probs runs its whole prompt on the full path (`full_path`):
+its pruned prompt tokens would never pass the skipped layers, so their next-token distributions
+would not be the model's (vLLM computes prompt log-probs from every prompt position's logits).
+
 Because a request's positions in a step are contiguous, its full tokens are always a suffix of its
 scheduled tokens; `StepPlan.full_counts` relies on that.
 """
@@ -46,6 +50,7 @@ class StepPlan:
     pruned_index: np.ndarray  # (P,) flattened indices of pruned tokens, ascending
     full_counts: np.ndarray  # (R,) full tokens per request (a suffix of its scheduled tokens)
     n_padding: int  # tokens after the last request's (neither full nor pruned)
+    n_forced: int = 0  # prompt tokens run full because their request asked for prompt log-probs
 
     @property
     def n_full(self) -> int:
@@ -62,8 +67,9 @@ class StepPlan:
 
 
 def plan_step(prompt_len, computed, scheduled, variant: str = "pop",
-              n_tokens: int | None = None) -> StepPlan:
-    """Split a step's tokens. prompt_len, computed, scheduled: (R,) per request in batch order."""
+              n_tokens: int | None = None, full_path=None) -> StepPlan:
+    """Split a step's tokens. prompt_len, computed, scheduled: (R,) per request in batch order;
+    full_path: (R,) bool, requests whose every token runs full (prompt log-probs asked)."""
     prompt_len = np.asarray(prompt_len, dtype=np.int64)
     computed = np.asarray(computed, dtype=np.int64)
     scheduled = np.asarray(scheduled, dtype=np.int64)
@@ -77,6 +83,13 @@ def plan_step(prompt_len, computed, scheduled, variant: str = "pop",
         raise ValueError(f"the step holds {n_tokens} tokens but {total} are scheduled")
     first = first_full_position(prompt_len, variant)  # (R,)
     n_pruned = np.clip(first - computed, 0, scheduled)  # (R,) pruned prefix of each request
+    n_forced = 0
+    if full_path is not None:
+        full_path = np.asarray(full_path, dtype=bool)
+        if full_path.shape != prompt_len.shape:
+            raise ValueError("full_path needs one entry per request")
+        n_forced = int(n_pruned[full_path].sum())
+        n_pruned = np.where(full_path, 0, n_pruned)  # (R,)
     full_counts = scheduled - n_pruned  # (R,)
     starts = np.concatenate([[0], np.cumsum(scheduled)[:-1]]).astype(np.int64)  # (R,)
     is_full = np.zeros(total, dtype=bool)  # (total,)
@@ -84,4 +97,4 @@ def plan_step(prompt_len, computed, scheduled, variant: str = "pop",
         is_full[s + p:s + n] = True
     index = np.arange(total, dtype=np.int64)
     return StepPlan(n_tokens=n_tokens, full_index=index[is_full], pruned_index=index[~is_full],
-                    full_counts=full_counts, n_padding=n_tokens - total)
+                    full_counts=full_counts, n_padding=n_tokens - total, n_forced=n_forced)

@@ -11,6 +11,7 @@ import logging
 
 from .settings import (
     ARCHITECTURES,
+    EAGER_PIPELINE_REASON,
     SUPPORTED_VLLM,
     PopSettingsError,
     parse,
@@ -50,16 +51,19 @@ def check_config(vllm_config) -> None:
 
     hf = vllm_config.model_config.hf_config
     pop = parse(getattr(hf, "pop", None), hf.num_hidden_layers)
-    check_settings(pop, hf, vllm_config.parallel_config.tensor_parallel_size)
+    check_settings(pop, hf)
     if vllm_config.cache_config.enable_prefix_caching:
         raise PopSettingsError("prefix caching breaks exact POP (a cached block may hold K/V from "
                                "another variant): start the engine with enable_prefix_caching=False "
                                "(--no-enable-prefix-caching)")
     if vllm_config.speculative_config is not None:
         raise PopSettingsError("speculative decoding is not supported with the POP plugin")
-    if vllm_config.parallel_config.pipeline_parallel_size > 1:
-        raise PopSettingsError("pipeline parallelism is not supported by the POP plugin")
+    from vllm.config import CompilationMode
     from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and vllm_config.parallel_config.pipeline_parallel_size > 1 \
+            and vllm_config.compilation_config.mode == CompilationMode.NONE:
+        raise PopSettingsError(f"{EAGER_PIPELINE_REASON} (drop --enforce-eager)")
 
     if not current_platform.is_cpu() and not untested_backends_allowed():
         raise PopSettingsError("the POP plugin is tested on vLLM's CPU backend only; set "

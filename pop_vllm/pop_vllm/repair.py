@@ -4,7 +4,8 @@ A maps file is a safetensors file holding, per skipped layer L, "L.k.weight" (kv
 (kv,), "L.v.weight" (kv, D) and "L.v.bias" (kv,): linear maps from the layer's input-normed
 hidden state to its K and V before k_norm and RoPE (POP Lab stores its fitted repairs so). The
 pruned prompt tokens of a skipped layer project their K/V with them instead of k_proj/v_proj;
-x_N and decode tokens keep the layer's own weights.
+x_N and decode tokens keep the layer's own weights. Under tensor parallelism each rank keeps the
+rows of its own K/V heads (`rank_rows`), as vLLM's QKVParallelLinear shards k_proj / v_proj.
 """
 from __future__ import annotations
 
@@ -43,31 +44,45 @@ def check_maps(path: str, skip, hidden: int, kv_dim: int) -> None:
                                f", K/V width {kv_dim}): {'; '.join(bad[:3])}")
 
 
+def heads(hf_config) -> tuple[int, int]:
+    """(K/V heads, head dim) of a Llama-family or Gemma-3 config."""
+    n = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n
+    return int(getattr(hf_config, "num_key_value_heads", None) or n), int(head_dim)
+
+
 def model_dims(hf_config) -> tuple[int, int]:
-    """(hidden size, K/V width = kv heads x head dim) of a Llama-family config."""
-    heads = hf_config.num_attention_heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    return int(hf_config.hidden_size), int(kv_heads * head_dim)
+    """(hidden size, K/V width = kv heads x head dim)."""
+    kv_heads, head_dim = heads(hf_config)
+    return int(hf_config.hidden_size), kv_heads * head_dim
 
 
-def check_settings(pop, hf_config, tensor_parallel: int) -> None:
-    """The maps of pop_repair settings against the model and the engine (front end and worker)."""
-    if pop.variant != "pop_repair":
-        return
-    if tensor_parallel > 1:
-        raise PopSettingsError("variant pop_repair supports tensor parallel size 1 only (its K/V "
-                               f"maps are not sharded across ranks), got {tensor_parallel}")
-    check_maps(pop.repair, pop.skip, *model_dims(hf_config))
+def rank_rows(kv_heads: int, head_dim: int, rank: int, tp: int) -> slice:
+    """The K (or V) rows tensor-parallel rank `rank` of `tp` holds: a share of the heads, or one
+    head replicated on tp / kv_heads ranks when there are fewer heads than ranks (vLLM's rule)."""
+    local = max(1, kv_heads // tp)  # heads per rank
+    shard = rank // max(1, tp // kv_heads)
+    return slice(shard * local * head_dim, (shard + 1) * local * head_dim)
 
 
-def load_projections(pop, dtype, device) -> dict:
-    """layer -> KVProjection of the fitted maps (K rows, then V rows, as qkv_proj's K/V rows);
-    `check_settings` has checked the file's tensors and shapes."""
+def check_settings(pop, hf_config) -> None:
+    """The maps of pop_repair settings against the model (front end and worker)."""
+    if pop.variant == "pop_repair":
+        check_maps(pop.repair, pop.skip, *model_dims(hf_config))
+
+
+def load_projections(pop, dtype, device, hf_config) -> dict:
+    """layer -> KVProjection of the fitted maps (this rank's K rows, then its V rows, as its
+    qkv_proj's K/V rows); `check_settings` has checked the file's tensors and shapes."""
     import torch
     from safetensors.torch import load_file
+    from vllm.distributed import (get_tensor_model_parallel_rank,
+                                  get_tensor_model_parallel_world_size)
 
     from .layer import KVProjection
+
+    rows = rank_rows(*heads(hf_config), get_tensor_model_parallel_rank(),
+                     get_tensor_model_parallel_world_size())
 
     t = load_file(pop.repair)
     bad = [n for n, x in t.items() if not torch.isfinite(x).all()]
@@ -76,7 +91,7 @@ def load_projections(pop, dtype, device) -> dict:
                                f"{', '.join(bad[:3])}")
     out = {}
     for i in pop.skip:
-        w = torch.cat([t[f"{i}.k.weight"], t[f"{i}.v.weight"]])  # (2 kv, D)
-        b = torch.cat([t[f"{i}.k.bias"], t[f"{i}.v.bias"]])  # (2 kv,)
+        w = torch.cat([t[f"{i}.k.weight"][rows], t[f"{i}.v.weight"][rows]])  # (2 kv_rank, D)
+        b = torch.cat([t[f"{i}.k.bias"][rows], t[f"{i}.v.bias"][rows]])  # (2 kv_rank,)
         out[i] = KVProjection(w.to(device, dtype).contiguous(), b.to(device, dtype).contiguous())
     return out

@@ -21,6 +21,7 @@ ARCHITECTURES = {
     "MistralForCausalLM": "PopMistralForCausalLM",
     "Qwen2ForCausalLM": "PopQwen2ForCausalLM",
     "Qwen3ForCausalLM": "PopQwen3ForCausalLM",
+    "Gemma3ForCausalLM": "PopGemma3ForCausalLM",  # text-only Gemma-3 (sliding-window layers)
 }
 
 
@@ -33,6 +34,13 @@ NO_KV_REASON = ("variant pop_no_kv is not supported in vLLM: its skipped layers 
                 "but every layer of a KV-cache group shares one block table and sequence length "
                 "per request (vLLM 0.32 has no per-layer sequence lengths), and zero or unused K/V "
                 "slots would change what x_N and decode attend to; use pop or pop_repair")
+
+
+# A limit of vLLM 0.32's CPU backend, stock models too (gpu_model_runner allocates a later stage's
+# receive buffers in its dummy run; the CPU worker's warm-up runs it only for compiled models).
+EAGER_PIPELINE_REASON = ("pipeline parallel on vLLM 0.32's CPU backend runs in compiled mode only: "
+                         "in eager mode a later stage never allocates the buffers it receives "
+                         "hidden states in, and the first step fails")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ class StepFacts:
     scheduled: np.ndarray  # (R,) tokens of this step
     groups: list  # [(AttentionGroup, CommonAttentionMetadata)] built for this step
     num_tokens: np.ndarray | None = None  # (R,) prompt + generated tokens known so far
+    full_path: np.ndarray | None = None  # (R,) bool: the request asked for prompt log-probs
 
     def recomputed(self) -> int:
         """Generated tokens recomputed in this step: positions from the prompt length up to the
@@ -67,7 +68,8 @@ def install() -> None:
                              computed=batch.num_computed_tokens_cpu[:n].copy(),
                              scheduled=np.diff(qsl).astype(np.int64),
                              groups=list(_groups.values()),
-                             num_tokens=batch.num_tokens_no_spec[:n].copy())
+                             num_tokens=batch.num_tokens_no_spec[:n].copy(),
+                             full_path=_wants_prompt_logprobs(self.requests, batch.req_ids[:n]))
         try:
             return forward(self, *args, **kwargs)
         finally:
@@ -80,8 +82,19 @@ def install() -> None:
     GPUModelRunner._model_forward = model_forward
 
 
+def _wants_prompt_logprobs(requests: dict, req_ids) -> np.ndarray:
+    """(R,) bool: which requests asked for prompt log-probs (`prompt_logprobs`, or `echo` with
+    `logprobs` in the OpenAI API). Read from the request's own sampling parameters, which live as
+    long as the request: a request resumed after a preemption stays on the full path."""
+    def wants(req_id) -> bool:
+        params = getattr(requests.get(req_id), "sampling_params", None)
+        return params is not None and params.prompt_logprobs is not None
+    return np.fromiter((wants(r) for r in req_ids), dtype=bool, count=len(req_ids))
+
+
 def plan(facts: StepFacts, variant: str, n_tokens: int) -> StepPlan:
-    return plan_step(facts.prompt_len, facts.computed, facts.scheduled, variant, n_tokens)
+    return plan_step(facts.prompt_len, facts.computed, facts.scheduled, variant, n_tokens,
+                     facts.full_path)
 
 
 def full_token_metadata(facts: StepFacts, p: StepPlan, device) -> dict:

@@ -89,6 +89,13 @@ def test_bad_settings_one_line(spec, tmp_path):
     with pytest.raises(ServingError) as e:
         Engine(make_spec(str(tmp_path), (1, 2), "pop")).start()
     assert "GPT2LMHeadModel" in one_line(e)
+    for engine, words in (({"tensor_parallel": 2}, "does not divide the model's 9 attention heads"),
+                          ({"pipeline_parallel": 31, "eager": False}, "exceeds the model's 30 layers"),
+                          ({"pipeline_parallel": 2}, "compiled mode only"),
+                          ({"tensor_parallel": 3, "pipeline_parallel": 3, "eager": False}, "need a core each")):
+        with pytest.raises(ServingError) as e:  # before anything starts
+            make_spec("smollm2-135m", (20,), "pop", **engine)
+        assert words in one_line(e)
 
 
 def test_compiled_mode_drops_enforce_eager():

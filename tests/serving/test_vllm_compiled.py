@@ -1,20 +1,18 @@
 """The vLLM plugin in compiled mode (vLLM's compiler, not --enforce-eager) on a tiny random Llama
-saved here: the engine's own block runs split.py's compiled pieces (layers below, the block on
-the full tokens, layers above), and still equals POP Lab's `pop` token for token; the stock
-compiled model equals POP Lab's `full`; another skip set takes the eager loop, also exact."""
+and a tiny random Gemma-3 (16-token sliding windows) saved here: the engine's own block runs
+split.py's compiled pieces (layers below, the block on the full tokens, layers above), and still
+equals POP Lab's `pop` token for token; the stock compiled model equals POP Lab's `full`; another
+skip set takes the eager loop, also exact. One driver process starts both engines in turn."""
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import model_from_hf
 
-from vllm_driver import ROOT, Driver, check_venv, ok
+from tiny_saved import prompts as tiny_prompts
+from tiny_saved import tiny
+from vllm_driver import Driver, check_venv, ok
 
-SHAPE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # vLLM's CPU attention: >= 32
-             max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None,
-             eos_token_id=None, pad_token_id=None, torch_dtype="float32")
+ARCHS = ("LlamaForCausalLM", "Gemma3ForCausalLM")
 BLOCK = [2, 3]  # layers below it, the block, layers above it: all three pieces
 OTHER = [3, 4, 5]  # a run-time switch to another block: not compiled for it, the eager loop
 N_NEW = 6
@@ -23,36 +21,37 @@ N_NEW = 6
 @pytest.fixture(scope="module")
 def compiled():
     check_venv()
-    torch.manual_seed(7)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**SHAPE)).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)  # random init is near-uniform: no greedy ties
-    folder = ROOT / "cache" / "vllm_test" / "tiny-llama-compiled"
-    model.save_pretrained(folder)
-    prompts = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-               for n in (37, 12, 25)]
-    job = {"model": str(folder), "pop": {"skip": BLOCK},
-           "engine": {"dtype": "float32", "enforce_eager": False, "max_model_len": 256,
-                      "enable_prefix_caching": False, "skip_tokenizer_init": True,
-                      "max_num_batched_tokens": 16, "max_num_seqs": 4, "seed": 0},
-           "runs": [{"prompts": prompts, "max_tokens": N_NEW},
-                    {"set": {"skip": [], "variant": "pop"}, "prompts": prompts, "max_tokens": N_NEW},
-                    {"set": {"skip": OTHER, "variant": "pop"}, "prompts": prompts,
-                     "max_tokens": N_NEW}]}
-    driver = Driver("compiled", [job])
+    prompts = tiny_prompts(37, 12, 25)
+    models, jobs = {}, []
+    for arch in ARCHS:
+        models[arch], folder = tiny(arch, 7, f"tiny-{arch}-compiled")
+        jobs.append({"model": str(folder), "architecture": arch, "pop": {"skip": BLOCK},
+                     "engine": {"dtype": "float32", "enforce_eager": False, "max_model_len": 256,
+                                "enable_prefix_caching": False, "skip_tokenizer_init": True,
+                                "max_num_batched_tokens": 16, "max_num_seqs": 4, "seed": 0},
+                     "runs": [{"prompts": prompts, "max_tokens": N_NEW},
+                              {"set": {"skip": [], "variant": "pop"}, "prompts": prompts,
+                               "max_tokens": N_NEW},
+                              {"set": {"skip": OTHER, "variant": "pop"}, "prompts": prompts,
+                               "max_tokens": N_NEW}]})
+    driver = Driver("compiled", jobs)
     try:
-        lm = model_from_hf(model, name="tiny-llama")
         cfg = SamplingConfig(max_new_tokens=N_NEW, stop_at_eos=False)
-        ref = {key: [run(lm, p, v, tuple(s), cfg).token_ids for p in prompts]
-               for key, v, s in [("block", "pop", BLOCK), ("full", "full", ()),
-                                 ("other", "pop", OTHER)]}
+        ref = {}
+        for arch, model in models.items():
+            lm = model_from_hf(model, name=arch)
+            ref[arch] = {key: [run(lm, p, v, tuple(s), cfg).token_ids for p in prompts]
+                         for key, v, s in [("block", "pop", BLOCK), ("full", "full", ()),
+                                           ("other", "pop", OTHER)]}
     finally:
-        result = driver.results()[0]
-    return prompts, ok(result)["runs"], ref
+        results = driver.results(timeout=600)
+    return prompts, {a: ok(r)["runs"] for a, r in zip(ARCHS, results)}, ref
 
 
-def test_compiled_pieces_equal_pop_lab_pop(compiled):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_pieces_equal_pop_lab_pop(compiled, arch):
     prompts, runs, ref = compiled
+    runs, ref = runs[arch], ref[arch]
     assert ref["block"] != ref["full"]  # POP changes these tokens: the test can fail
     stats = runs[0]["stats"]
     assert runs[0]["tokens"] == ref["block"]
@@ -61,14 +60,16 @@ def test_compiled_pieces_equal_pop_lab_pop(compiled):
     assert stats["pruned_tokens"] == sum(len(p) - 1 for p in prompts)  # 16-token chunks included
 
 
-def test_compiled_stock_model_equals_pop_lab_full(compiled):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_stock_model_equals_pop_lab_full(compiled, arch):
     _, runs, ref = compiled
-    assert runs[1]["tokens"] == ref["full"]
-    assert runs[1]["stats"]["pop_steps"] == 0
+    assert runs[arch][1]["tokens"] == ref[arch]["full"]
+    assert runs[arch][1]["stats"]["pop_steps"] == 0
 
 
-def test_compiled_engine_another_block_takes_the_eager_loop(compiled):
-    prompts, runs, ref = compiled
-    stats = runs[2]["stats"]
-    assert runs[2]["tokens"] == ref["other"]
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compiled_engine_another_block_takes_the_eager_loop(compiled, arch):
+    _, runs, ref = compiled
+    stats = runs[arch][2]["stats"]
+    assert runs[arch][2]["tokens"] == ref[arch]["other"]
     assert stats["skip"] == OTHER and stats["pop_steps"] > 0 and stats["split_steps"] == 0

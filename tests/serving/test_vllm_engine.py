@@ -7,6 +7,8 @@ the bad settings, starts a stock engine, one POP engine with a 16-token batch bu
 prefill, requests mixing prefill and decode in one step) whose skip set, variant and repair maps
 are switched at run time, and one pop_repair engine with a KV cache too small for its requests
 (vLLM preempts and recomputes them). POP Lab's references are computed here meanwhile.
+Prompt log-probs (issue 32): requests asking for them run the full path on the POP engine, mixed in
+one batch with requests that do not; both engines return their log-probs.
 """
 from pathlib import Path
 
@@ -43,6 +45,8 @@ N_PREEMPT = 32  # tokens generated per request in the preemption run
 # longest, the four short ones 3 each; the cache holds 9 (the fewest for a 256-token request): the
 # short ones run together and, growing past 64 tokens, preempt each other and are recomputed from
 # their prompt and generated tokens.
+ASKED = [1, None, 1, None, 1]  # prompt log-probs per request of the mixed batch
+LP_TOL = 1e-3
 PREEMPT_ENGINE = {**ENGINE, "max_model_len": 256, "block_size": 32, "num_gpu_blocks_override": 9,
                   "max_num_seqs": 8, "max_num_batched_tokens": 32, "disable_log_stats": False}
 
@@ -63,6 +67,7 @@ def _maps(folder: Path, rep) -> dict:
 
 
 def _jobs(prompts, maps) -> dict:
+    lp = {"prompts": prompts, "max_tokens": N_NEW, "logprobs": 1}
     bad = lambda pop, **eng: {"model": str(MODEL), "engine": {**ENGINE, **eng}, "pop": pop}  # noqa: E731
     repair = lambda name, skip=TAIL: {"skip": skip, "variant": "pop_repair", "repair": maps[name]}  # noqa: E731
     runs = [
@@ -78,6 +83,10 @@ def _jobs(prompts, maps) -> dict:
         {"set": {"skip": TAIL, "variant": "pop_no_kv"}, "prompts": prompts[:1], "max_tokens": 1},
         {"prompts": prompts[:1], "max_tokens": N_NEW},  # 10: still the zeros maps
         {"set": repair("upper", UPPER), "prompts": prompts, "max_tokens": N_NEW},
+        # 12-14: prompt log-probs asked by some requests of a batch, all, the others
+        {"set": {"skip": TAIL, "variant": "pop"}, **lp, "prompt_logprobs": ASKED},
+        {"set": {"skip": TAIL, "variant": "pop_no_boundary"}, **lp, "prompt_logprobs": 1},
+        {"set": repair("good"), **lp, "prompt_logprobs": [None if k else 1 for k in ASKED]},
     ]
     preempt = [{"prompts": prompts, "max_tokens": N_PREEMPT},
                {"set": {"skip": TAIL, "variant": "pop"}, "prompts": prompts, "max_tokens": N_PREEMPT}]
@@ -91,9 +100,9 @@ def _jobs(prompts, maps) -> dict:
         bad(repair("shapes")),
         bad(repair("good", TAIL[:-1])),  # 7: maps for 20-29, skip set 20-28
         bad({"skip": TAIL, "variant": "pop_no_kv"}),
-        bad(repair("good"), tensor_parallel_size=2),
         {"model": str(MODEL), "engine": ENGINE, "pop": None,
-         "runs": [{"prompts": prompts, "max_tokens": N_NEW}]},
+         "runs": [{"prompts": prompts, "max_tokens": N_NEW},
+                  {**lp, "prompt_logprobs": 1}]},
         {"model": str(MODEL), "engine": {**ENGINE, "max_num_batched_tokens": 16, "max_num_seqs": 8},
          "pop": {"skip": TAIL, "variant": "pop"}, "runs": runs},
         {"model": str(MODEL), "engine": PREEMPT_ENGINE, "pop": repair("good"), "runs": preempt},
@@ -104,7 +113,7 @@ BAD = ["skip layer(s) 30 out of range", "unknown POP variant 'popx'",
        "prefix caching breaks exact POP", "pop_repair needs a repair maps file", "does not exist",
        "not exactly skip set [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]", "does not fit this model",
        "not exactly skip set [20, 21, 22, 23, 24, 25, 26, 27, 28]",
-       "pop_no_kv is not supported in vLLM", "tensor parallel size 1 only"]
+       "pop_no_kv is not supported in vLLM"]
 STOCK, POP, PREEMPT = len(BAD), len(BAD) + 1, len(BAD) + 2  # the engines' jobs
 
 
@@ -244,3 +253,36 @@ def test_preemption_recompute_stays_exact(engine):
         before = run_["preemptions"]
         assert run_["stats"]["recomputed_tokens"] > 0  # generated tokens scheduled again
         assert run_["tokens"] == ref[(variant, tuple(TAIL), N_PREEMPT)]
+
+
+def _close(a, b) -> float:
+    """Largest difference of two log-prob lists (None where vLLM gives none: prompt position 0)."""
+    assert [x is None for x in a] == [y is None for y in b]
+    return max(abs(x - y) for x, y in zip(a, b) if x is not None)
+
+
+def test_prompt_logprobs_run_the_full_path_and_equal_a_stock_engine(engine):
+    """A POP engine never returns prompt log-probs that are not the model's: a request asking for
+    them runs every token on the full path (its tokens, prompt and generated log-probs equal the
+    stock engine's), while the requests of the same batch that do not ask stay POP."""
+    prompts, jobs, ref, _ = engine
+    stock = ok(jobs[STOCK])["runs"][1]
+    runs = ok(jobs[POP])["runs"]
+    assert stock["tokens"] == ref[("full", ())]
+    for run_, asked, variant in ((runs[12], ASKED, "pop"), (runs[13], [1] * 5, "pop_no_boundary"),
+                                 (runs[14], [None if k else 1 for k in ASKED], "pop_repair")):
+        assert run_["stats"]["variant"] == variant
+        plain = [p for p, k in zip(prompts, asked) if k is None]
+        for r, k in enumerate(asked):
+            if k is None:  # served as POP: its own tokens, no prompt log-probs returned
+                assert run_["tokens"][r] == ref[(variant, tuple(TAIL))][r]
+                assert run_["prompt_logprobs"][r] is None
+                continue
+            assert run_["tokens"][r] == stock["tokens"][r]
+            assert _close(run_["prompt_logprobs"][r], stock["prompt_logprobs"][r]) < LP_TOL
+            assert _close(run_["logprobs"][r], stock["logprobs"][r]) < LP_TOL
+        stats = run_["stats"]
+        asked_prompts = [p for p, k in zip(prompts, asked) if k is not None]
+        boundary = 0 if variant == "pop_no_boundary" else 1
+        assert stats["logprob_full_tokens"] == sum(len(p) - boundary for p in asked_prompts)
+        assert stats["pruned_tokens"] == sum(len(p) - boundary for p in plain)

@@ -97,6 +97,22 @@ def test_chunked_prompt_prunes_exactly_the_prefix(n_prompt, chunks, variant):
     assert full_at == list(range(want, n_prompt + 3))
 
 
+@given(batches, st.sampled_from(VARIANTS), st.data())
+def test_prompt_logprob_requests_run_every_token_full(batch, variant, data):
+    """A request asking for prompt log-probs prunes nothing (its prompt positions' logits must be
+    the model's); the others are planned as without it; n_forced counts what it kept full."""
+    prompt, computed, scheduled = _arrays(batch)
+    full_path = np.array(data.draw(st.lists(st.booleans(), min_size=len(batch), max_size=len(batch))))
+    plain = plan_step(prompt, computed, scheduled, variant)
+    p = plan_step(prompt, computed, scheduled, variant, full_path=full_path)
+    pruned_plain = scheduled - plain.full_counts  # (R,)
+    assert (p.full_counts == np.where(full_path, scheduled, plain.full_counts)).all()
+    assert p.n_forced == int(pruned_plain[full_path].sum())
+    assert p.n_pruned == plain.n_pruned - p.n_forced
+    if full_path.all():
+        assert not p.needs_pop
+
+
 def test_plan_rejects_inconsistent_counts():
     with pytest.raises(ValueError, match="one entry per request"):
         plan_step([3, 4], [0], [3])
@@ -104,6 +120,8 @@ def test_plan_rejects_inconsistent_counts():
         plan_step([3], [0], [3], n_tokens=2)
     with pytest.raises(ValueError, match="unknown POP variant"):
         plan_step([3], [0], [3], variant="static")
+    with pytest.raises(ValueError, match="full_path needs one entry"):
+        plan_step([3, 4], [0, 0], [3, 4], full_path=[True])
 
 
 @pytest.mark.parametrize("raw, message", [

@@ -1,0 +1,198 @@
+"""One switchable POP engine on 127.0.0.1 (SmolLM2-135M, skip 20-29), as the Serve page and
+serve-bench start it (pop_analysis.serving.session.Serving, engines="one"), over HTTP:
+
+- the run-time full/POP switch goes through the plugin's guarded control route with the secret
+  only this process holds (in the engine's environment, never on a command line or in the log);
+  another local client, in its own process without the secret, gets 401/404 on the control route,
+  on vLLM's development routes and on every other route that changes the engine, and the engine
+  keeps serving with its settings unchanged;
+- prompt log-probs (`prompt_logprobs`, and `echo` with `logprobs`) on the engine while it runs pop
+  or pop_no_boundary are the full model's: equal to the same engine switched to full and to POP Lab's
+  own full model within 1e-3; generated-token log-probs are allowed and are the served model's
+  (POP Lab's pop for a POP request).
+"""
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from pop_analysis.engine.generate import encode
+from pop_analysis.engine.pop import run_prompt, teacher_force
+from pop_analysis.serving import venv
+from pop_analysis.serving.session import Serving
+from pop_analysis.serving.spec import make_spec
+from pop_analysis.serving.venv import ServingError
+from pop_analysis.speed import procs
+from pop_vllm.engine_env import CONTROL_ROUTE, CONTROL_TOKEN_ENV
+
+SKIP = tuple(range(20, 30))
+TEXT = "The quick brown fox jumps over the lazy dog because it wanted to see the other side."
+TOL = 1e-3
+# Routes that change an engine: vLLM's development routes (off: 404) and the stock ones the guard
+# closes (401): data-parallel scaling, profiling, LoRA loading, aborts.
+CHANGING = ["/collective_rpc", "/sleep", "/wake_up", "/reset_prefix_cache", "/reset_mm_cache",
+            "/server_info", "/is_sleeping", "/pause", "/resume", "/scale_elastic_ep",
+            "/start_profile", "/stop_profile", "/v1/load_lora_adapter", "/abort_requests",
+            CONTROL_ROUTE]
+OUTSIDER = """
+import json, sys, urllib.request, urllib.error
+url, routes = sys.argv[1], json.loads(sys.argv[2])
+out = {}
+for route, headers in routes:
+    body = json.dumps({"method": "pop_set", "args": [[], "full"], "new_data_parallel_size": 2,
+                       "level": 1}).encode()
+    req = urllib.request.Request(url + route, body, {"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out[route + str(headers)] = r.status
+    except urllib.error.HTTPError as e:
+        out[route + str(headers)] = e.code
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def serving(embedded):
+    try:
+        venv.python()
+    except ServingError as e:
+        pytest.fail(f"{e} (the serving tests need it: bash {venv.INSTALL_SCRIPT})")
+    spec = make_spec("smollm2-135m", SKIP, "pop", max_model_len=1024, kv_cache_gib=1)
+    with Serving(spec, engines="one") as s:
+        yield s
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
+
+
+def variant_now(engine) -> str:
+    return engine.control("pop_stats")[0]["variant"]
+
+
+def test_another_local_client_cannot_change_the_engine(serving):
+    engine = serving.engines["pop"]
+    serving.generate("pop", "Hello", 2)  # the engine runs pop now
+    routes = [[r, {}] for r in CHANGING] + [[CONTROL_ROUTE, {"Authorization": "Bearer guessed"}],
+                                            ["/collective_rpc", {"Authorization": "Bearer guessed"}]]
+    p = subprocess.run([sys.executable, "-c", OUTSIDER, engine.url, json.dumps(routes)],
+                       capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in os.environ.items() if k != CONTROL_TOKEN_ENV})
+    codes = json.loads(p.stdout)
+    assert all(c in (401, 403, 404) for c in codes.values()), codes
+    assert codes[CONTROL_ROUTE + "{}"] == 401 and codes["/scale_elastic_ep{}"] == 401
+    assert codes["/collective_rpc{}"] in (401, 404)
+    # still serving, still pop: nothing the outsider sent reached the workers
+    assert variant_now(engine) == "pop"
+    out = post(f"{engine.url}/v1/completions", {"model": serving.spec.name, "prompt": "The sky is",
+                                                "max_tokens": 2, "temperature": 0})
+    assert out["choices"][0]["text"]
+    assert engine.alive()
+
+
+def test_the_secret_is_in_no_command_line_and_no_log(serving):
+    engine = serving.engines["pop"]
+    secret = engine._secret
+    assert len(secret) >= 40
+    assert secret not in engine.command_line and secret not in engine.log_text()
+    assert f'{CONTROL_TOKEN_ENV}="${CONTROL_TOKEN_ENV}"' in engine.command_line
+    assert "VLLM_SERVER_DEV_MODE" not in engine.command_line and "--middleware" in engine.command_line
+    for pid in procs.pids():  # every process's command line is readable by every local user
+        try:
+            assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+    for pid in engine.pids():  # the environment is readable by its owner only
+        assert os.stat(f"/proc/{pid}/environ").st_mode & 0o777 == 0o400
+
+
+def test_the_switch_works_with_the_secret(serving):
+    engine = serving.engines["pop"]
+    assert serving.generate("full", "Hello", 2)["text"] is not None
+    assert variant_now(engine) == "full"
+    serving.generate("pop", "Hello", 2)
+    stats = engine.control("pop_stats")[0]
+    assert stats["variant"] == "pop" and stats["skip"] == list(SKIP)
+    with pytest.raises(ServingError, match="HTTP 400.*out of range"):  # a bad setting: one line
+        engine.control("pop_set", [[40], "pop"])
+    assert variant_now(engine) == "pop"
+
+
+def prompt_logprobs(url: str, model: str, ids: list[int], echo: bool) -> tuple[list, list]:
+    """(log-prob of each prompt token but the first, of each generated token) from one greedy
+    completion of a token-id prompt, through echo + logprobs or vLLM's prompt_logprobs."""
+    body = {"model": model, "prompt": [ids], "max_tokens": 3, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True, "logprobs": 1}
+    body.update({"echo": True} if echo else {"prompt_logprobs": 1})
+    choice = post(f"{url}/v1/completions", body)["choices"][0]
+    if echo:  # the echoed prompt's log-probs first, then the generated tokens'
+        lp = choice["logprobs"]["token_logprobs"]
+        return lp[1:len(ids)], lp[len(ids):]
+    prompt = [d[str(t)]["logprob"] for d, t in zip(choice["prompt_logprobs"][1:], ids[1:])]
+    return prompt, choice["logprobs"]["token_logprobs"]
+
+
+@torch.inference_mode()
+def full_model_logprobs(lm, ids: list[int]) -> list[float]:
+    logits = lm.model(torch.tensor([ids])).logits.float()[0]  # (N, V)
+    lp = torch.log_softmax(logits[:-1], -1)  # (N-1, V)
+    return lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+@torch.inference_mode()
+def pop_lab_generated_logprobs(lm, ids, variant, skip, tokens) -> list[float]:
+    """POP Lab's log-probs of `tokens` generated after prompt `ids` under `variant`."""
+    first = run_prompt(lm.adapter, torch.tensor([ids]), variant, skip)
+    out = [torch.log_softmax(first.logits[0], -1)[tokens[0]].item()]
+    if len(tokens) > 1:
+        logits = teacher_force(lm.adapter, torch.tensor([tokens[:-1]]), first.cache, first.position)
+        lp = torch.log_softmax(logits[0], -1)  # (T-1, V)
+        out += lp.gather(1, torch.tensor(tokens[1:])[:, None])[:, 0].tolist()
+    return out
+
+
+def close(a, b) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def test_prompt_logprobs_on_a_pop_engine_are_the_full_models(serving, embedded):
+    engine, name = serving.engines["pop"], serving.spec.name
+    ids = encode(embedded, TEXT, raw=True)
+    model_lp = full_model_logprobs(embedded, ids)
+    serving.generate("full", "Hello", 1)  # switched to full: the engine's own reference
+    full = {echo: prompt_logprobs(engine.url, name, ids, echo) for echo in (True, False)}
+    assert close(full[True][0], model_lp) < TOL
+    for variant in ("pop", "pop_no_boundary"):
+        engine.switch(SKIP, variant)
+        engine.control("pop_reset_stats")
+        for echo in (True, False):
+            prompt, generated = prompt_logprobs(engine.url, name, ids, echo)
+            assert close(prompt, full[echo][0]) < TOL and close(prompt, model_lp) < TOL
+            assert close(generated, full[echo][1]) < TOL  # the request ran the full path
+        stats = engine.control("pop_stats")[0]
+        assert stats["variant"] == variant and stats["pruned_tokens"] == 0
+        assert stats["logprob_full_tokens"] >= 2 * (len(ids) - 1)
+    engine.switch(SKIP, "pop")
+
+
+def test_generated_logprobs_on_a_pop_engine_are_pops(serving, embedded):
+    """logprobs without echo: the request is served as POP (its prompt pruned), and each
+    generated token's log-prob is the one POP computes for it (POP Lab's pop)."""
+    engine, name = serving.engines["pop"], serving.spec.name
+    ids = encode(embedded, TEXT, raw=True)
+    serving.generate("pop", "Hello", 1)
+    engine.control("pop_reset_stats")
+    choice = post(f"{engine.url}/v1/completions",
+                  {"model": name, "prompt": [ids], "max_tokens": 4, "temperature": 0,
+                   "ignore_eos": True, "return_token_ids": True, "logprobs": 1})["choices"][0]
+    tokens, lp = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    assert engine.control("pop_stats")[0]["pruned_tokens"] == len(ids) - 1
+    assert close(lp, pop_lab_generated_logprobs(embedded, ids, "pop", SKIP, tokens)) < TOL
