@@ -8,9 +8,15 @@ JOB:  {"model": DIR, "engine": {LLM keyword arguments},
        "pop": {"skip": [...], "variant": "pop", "repair": PATH} | null (null: the stock
        architecture; repair only for pop_repair),
        "runs": [{"set": {"skip": [...], "variant": ..., "repair": PATH} (optional run-time
-                 switch), "prompts": [[ids], ...], "max_tokens": N, "batched": true}]}
+                 switch), "prompts": [[ids], ...], "max_tokens": N, "batched": true,
+                 "kv": "produce" | [params per prompt] | [job, run] (optional, KV connector
+                 engines: ask for a hand-off, or pass a producer run's kv_transfer_params),
+                 "chat": [[ids], ...] (instead of prompts: turn k's prompt is turn k-1's prompt,
+                 its answer and these ids)}]}
+       "engine" may hold "kv_transfer_config": {...} (vLLM's KVTransferConfig fields).
 Prints one line "POP_DRIVER_RESULT " + JSON: {"jobs": [{"ok": true, "start_s": ..., "runs":
-[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null}]} or {"ok": false,
+[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null, "cached": [...],
+"kv_params": [...], "kv_stats": {...} | null, "prompts": [[...]] (chat runs)}]} or {"ok": false,
 "error": "one line"}, ...]}. A run whose switch or generation fails gives {"error": "one line"}
 and the job goes on with its next run. "preemptions" is vLLM's vllm:num_preemptions counter
 (engines started with disable_log_stats=False; null otherwise).
@@ -42,12 +48,16 @@ def one_line(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def run_job(job: dict) -> dict:
+def run_job(job: dict, done: list | None = None) -> dict:
     from vllm import LLM, SamplingParams
 
     from .settings import overrides
 
     engine = dict(job.get("engine", {}))
+    if "kv_transfer_config" in engine:
+        from vllm.config import KVTransferConfig
+
+        engine["kv_transfer_config"] = KVTransferConfig(**engine["kv_transfer_config"])
     pop = job.get("pop")
     if pop is not None:
         engine["hf_overrides"] = overrides(job.get("architecture", "LlamaForCausalLM"),
@@ -59,7 +69,7 @@ def run_job(job: dict) -> dict:
     try:
         for run in job.get("runs", []):
             try:
-                out["runs"].append(_run(llm, run, pop is not None, SamplingParams))
+                out["runs"].append(_run(llm, run, pop is not None, SamplingParams, done or []))
             except Exception as exc:  # a refused switch: one line, the engine carries on
                 out["runs"].append({"error": one_line(exc)})
     finally:
@@ -69,22 +79,55 @@ def run_job(job: dict) -> dict:
     return out
 
 
-def _run(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
+def _run(llm, run: dict, is_pop: bool, SamplingParams, done: list) -> dict:
     if "set" in run:
         llm.collective_rpc("pop_set", args=(run["set"].get("skip", ()),
                                             run["set"].get("variant", "pop"),
                                             run["set"].get("repair")))
     if is_pop:
         llm.collective_rpc("pop_reset_stats")
-    params = SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True)
+    if "chat" in run:
+        return _chat(llm, run, is_pop, SamplingParams)
+    kv = _kv_params(run.get("kv"), len(run["prompts"]), done)
+    params = [SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True,
+                             extra_args=None if p is None else {"kv_transfer_params": p})
+              for p in kv]
     prompts = [{"prompt_token_ids": p} for p in run["prompts"]]
     if run.get("batched", True):
         res = llm.generate(prompts, params, use_tqdm=False)
-        tokens = [list(r.outputs[0].token_ids) for r in res]
     else:
-        tokens = [list(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids)
-                  for p in prompts]
-    return {"tokens": tokens, "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
+        res = [llm.generate([p], [s], use_tqdm=False)[0] for p, s in zip(prompts, params)]
+    return {"tokens": [list(r.outputs[0].token_ids) for r in res],
+            "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
+            "preemptions": _preemptions(llm), "cached": [r.num_cached_tokens for r in res],
+            "kv_params": [r.kv_transfer_params for r in res],
+            "kv_stats": llm.collective_rpc("pop_kv_stats")[0]}
+
+
+def _kv_params(kv, n: int, done: list) -> list:
+    """Per prompt, the kv_transfer_params to send (None: none)."""
+    if kv is None:
+        return [None] * n
+    if kv == "produce":
+        return [{"do_remote_decode": True}] * n
+    if len(kv) == 2 and all(isinstance(i, int) for i in kv):  # [job, run] of this driver
+        return list(done[kv[0]]["runs"][kv[1]]["kv_params"])
+    return list(kv)
+
+
+def _chat(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
+    """A conversation, one request per turn: each turn's prompt extends the last one with its
+    answer and the next message (what a chat client sends)."""
+    params = SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True)
+    prompt, prompts, tokens, cached = [], [], [], []
+    for message in run["chat"]:
+        prompt = prompt + (tokens[-1] if tokens else []) + list(message)
+        r = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+        prompts.append(prompt)
+        tokens.append(list(r.outputs[0].token_ids))
+        cached.append(r.num_cached_tokens)
+    return {"tokens": tokens, "prompts": prompts, "cached": cached,
+            "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
             "preemptions": _preemptions(llm)}
 
 
@@ -117,7 +160,7 @@ def main(argv: list[str]) -> int:
     results = []
     for job in spec["jobs"]:
         try:
-            results.append(run_job(job))
+            results.append(run_job(job, results))
         except Exception as exc:  # one line back to the caller; the engine log has the rest
             results.append({"ok": False, "error": one_line(exc)})
     print(MARK + json.dumps({"jobs": results}), flush=True)
