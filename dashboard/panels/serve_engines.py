@@ -42,7 +42,7 @@ def dead_note() -> str | None:
         return f"The engine stopped: {first_line(e)}"
 
 
-def _steps(monitor):
+def steps(monitor):
     """progress(done, total, message) -> a Tracker on the job's monitor (made at the first call)."""
     box = {}
 
@@ -100,7 +100,7 @@ def start_engines(model: str, skip, variant: str, lm=None, eager: bool = True) -
                 raise ValueError("no stored repair fits this skip set (fit one on the Skip set page)")
             repair = maps_path(lm, skip, key)
         spec = make_spec(model, tuple(skip), variant, repair=repair, eager=eager)
-        return Serving(spec, progress=_steps(monitor)), False
+        return Serving(spec, progress=steps(monitor)), False
 
     def done(job):
         if job.error is not None:
