@@ -121,9 +121,10 @@ def part_prefill(args) -> dict:
 
     root = Path(tempfile.mkdtemp(prefix="poplab-kv-"))
     base = _spec(args)
-    engines = {v: Engine(replace(disagg.plan(replace(base, variant=v, skip=SKIP if v == "pop" else ()),
-                                             "pop", (0,), (1,), kv_root=root).prefill, threads=1))
-               for v in ("full", "pop")}
+    def prefill(variant):  # the producer side of a topology, alone on core 0
+        spec = replace(base, variant=variant, skip=SKIP if variant == "pop" else ())
+        return Engine(disagg.plan(spec, "pop", (0,), (1,), kv_root=root).prefill)
+    engines = {v: prefill(v) for v in ("full", "pop")}
     try:
         for e in engines.values():
             e.start()
@@ -153,7 +154,8 @@ def conversations(path: str, turns: int, n: int, start: int) -> list[str]:
     prompts = []
     for t in range(turns):
         for chat in chats:
-            history = "".join(f"User: {r['question']}\nAssistant: {r['answer']}\n" for r in chat[:t])
+            history = "".join(f"User: {r['question']}\nAssistant: {r['answer']}\n"
+                              for r in chat[:t])
             prompts.append(f"{history}User: {chat[t]['question']}\nAssistant:")
     return prompts
 
@@ -168,7 +170,8 @@ class Chats:
         self.hits = self.queries = 0.0
 
     def before(self) -> None:
-        prompts = conversations(self.args.data, self.args.turns, self.n, self.runs * self.n * self.args.turns)
+        turns = self.args.turns
+        prompts = conversations(self.args.data, turns, self.n, self.runs * self.n * turns)
         self.path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
         self.runs += 1
         self.start = self.counters()
@@ -183,7 +186,8 @@ class Chats:
             text = r.read().decode()
 
         def total(name):
-            return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name))
+            return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                       if ln.startswith(name))
         return total("vllm:prefix_cache_hits_total"), total("vllm:prefix_cache_queries_total")
 
 
@@ -215,8 +219,9 @@ def part_prefix(args) -> dict:
             e.stop()
         shutil.rmtree(folder, ignore_errors=True)
     on = chats["on"]
-    return {"part": "prefix", "load": f"{n} requests: {n // args.turns} chats x {args.turns} turns, "
-            f"{args.output_len} output tokens, {args.rate:g} req/s", "cores": "each engine on 0-1",
+    return {"part": "prefix", "cores": "each engine on 0-1",
+            "load": f"{n} requests: {n // args.turns} chats x {args.turns} turns, "
+                    f"{args.output_len} output tokens, {args.rate:g} req/s",
             "hit_rate_on": round(on.hits / max(on.queries, 1), 4), "hit_tokens_on": on.hits,
             "query_tokens_on": on.queries, **row}
 

@@ -15,7 +15,7 @@ st.markdown("A local vLLM engine (OpenAI-compatible, on 127.0.0.1 only) serves t
             "with POP's skip set through the POP plugin, switched between the full model and POP at "
             "run time, so both sides share one engine. Generate through both, then load them with "
             "vLLM's own benchmark (continuous batching, chunked prefill) and compare time to first "
-            "token (TTFT), time per output token (TPOT) and throughput. They stop with this dashboard.")
+            "token (TTFT), time per output token (TPOT) and throughput; all stop with the app.")
 
 lm = widgets.model_or_stop()
 model = state.model_spec().name

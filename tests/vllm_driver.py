@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,33 @@ class Driver:
 def ok(job: dict) -> dict:
     assert job["ok"], f"{job.get('error')} (engine log under cache/vllm_test/)"
     return job
+
+
+def wait_until(cond, timeout: float, what: str) -> None:
+    """Poll a condition (every 0.2 s) until it holds; fail with `what` after `timeout` seconds."""
+    end = time.time() + timeout
+    while not cond():
+        assert time.time() < end, what
+        time.sleep(0.2)
+
+
+# A tiny random Llama vLLM's CPU attention runs (head_dim >= 32), for fast engine tests.
+TINY_SHAPE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None,
+                  eos_token_id=None, pad_token_id=None, torch_dtype="float32")
+
+
+def tiny_llama(name: str):
+    """(model, folder): the tiny Llama (seed 7, a sharpened lm_head: random init is near-uniform,
+    no greedy ties), saved under cache/vllm_test/NAME for the engine to load."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(7)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY_SHAPE)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    folder = ROOT / "cache" / "vllm_test" / name
+    model.save_pretrained(folder)
+    return model, folder

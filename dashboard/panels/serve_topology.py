@@ -16,7 +16,6 @@ import streamlit as st
 from dashboard.panels import serve_engines
 from dashboard.session import jobs, state
 from pop_analysis.errors import first_line
-from pop_analysis.progress import duration
 from pop_analysis.serving import disagg
 from pop_analysis.serving.spec import make_spec
 
@@ -47,14 +46,8 @@ def start(model: str, skip, variant: str, decode: str) -> None:
     def run(monitor):
         return disagg.Disaggregated(topology).start(progress=serve_engines.steps(monitor)), False
 
-    def done(job):
-        if job.error is not None:
-            return "error", f"The topology did not start: {first_line(job.error)}"
-        if job.cancelled is not None:
-            return "warning", "Starting the topology was cancelled; nothing is left running."
-        st.session_state[TOPOLOGY] = job.result[0]
-        return "success", f"Prefill, decode and proxy ready in {duration(job.seconds)}."
-    jobs.start("serve_topology", "Starting prefill, decode and proxy", run, done,
+    jobs.start("serve_topology", "Starting prefill, decode and proxy", run,
+               serve_engines.started(TOPOLOGY, "topology", "Prefill, decode and proxy"),
                context={"model": model, "variant": variant, "decode": decode})
 
 
@@ -70,7 +63,8 @@ def generate(t: disagg.Disaggregated, prompt: str, max_tokens: int) -> None:
             text = json.load(r)["choices"][0]["text"]
         st.session_state[TOPO_GENERATED] = {"text": text, "s": time.perf_counter() - t0}
     except Exception as e:  # noqa: BLE001 - shown where the user pressed the button
-        state.flash("error", f"Generation through the proxy failed: {dead_cause(t) or first_line(e)}")
+        why = dead_cause(t) or first_line(e)
+        state.flash("error", f"Generation through the proxy failed: {why}")
 
 
 def dead_cause(t: disagg.Disaggregated) -> str | None:
@@ -98,8 +92,8 @@ def section(model: str, skip, variant: str) -> None:
         decode = c[0].radio("Decode pool serves", disagg.DECODE_SIDES, horizontal=True,
                             key=state.kept("serve.decode", "pop", disagg.DECODE_SIDES),
                             format_func=DECODE_LABELS.get)
-        if c[1].button("Start topology" if t is None else "Restart topology", key="serve.topo_start",
-                       disabled=jobs.running("serve_topology")):
+        label = "Start topology" if t is None else "Restart topology"
+        if c[1].button(label, key="serve.topo_start", disabled=jobs.running("serve_topology")):
             try:
                 start(model, skip, "pop" if variant == "full" else variant, decode)
             except (disagg.ServingError, ValueError) as e:

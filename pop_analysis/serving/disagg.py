@@ -117,8 +117,8 @@ class Disaggregated:
     def start(self, progress=None, timeout_s: float | None = None) -> "Disaggregated":
         kw = {} if timeout_s is None else {"timeout_s": timeout_s}
         try:
-            for i, (name, engine) in enumerate((("prefill", self.prefill), ("decode", self.decode))):
-                engine.start(progress=_part(progress, name, i), **kw)
+            self.prefill.start(progress=_part(progress, "prefill", 0), **kw)
+            self.decode.start(progress=_part(progress, "decode", 1), **kw)
             self.proxy = Proxy(self.topology.proxy, [self.prefill.url], [self.decode.url],
                                self._log_dir)
             self.proxy.start(progress=_part(progress, "proxy", 2), **kw)

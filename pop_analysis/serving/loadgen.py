@@ -55,7 +55,7 @@ class LoadSpec:
     request_rate: float = math.inf  # requests per second (Poisson); inf: all at once
     max_concurrency: int | None = None  # requests in flight at most (None: no cap)
     seed: int = 0
-    dataset: str | None = None  # a JSONL of {"prompt"} sent in order (multi-turn chats), else random
+    dataset: str | None = None  # a JSONL of {"prompt"} sent in order (chats); None: random
     extra_body: str | None = None  # JSON merged into every request (e.g. kv_transfer_params)
 
     def check(self, max_model_len: int) -> "LoadSpec":

@@ -53,7 +53,8 @@ def check_config(vllm_config) -> None:
     pop = parse(getattr(hf, "pop", None), hf.num_hidden_layers)
     check_settings(pop, hf, vllm_config.parallel_config.tensor_parallel_size)
     transfer = vllm_config.kv_transfer_config
-    if transfer is not None and transfer.kv_connector == "ExampleConnector" and transfer.is_kv_producer:
+    if (transfer is not None and transfer.kv_connector == "ExampleConnector"
+            and transfer.is_kv_producer):
         log.warning("pop_vllm: ExampleConnector saves through per-layer hooks that POP's skipped "
                     "layers do not call for pruned tokens, and only a prompt's first chunk: use "
                     "pop_vllm's PopKVConnector (docs/serving.md)")

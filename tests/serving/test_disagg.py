@@ -26,7 +26,7 @@ from pop_analysis.engine.generate import SamplingConfig, encode, run
 from pop_analysis.serving.server import group_members
 from pop_analysis.speed.procs import children
 
-from vllm_driver import check_venv
+from vllm_driver import check_venv, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TAIL = list(range(20, 30))
@@ -38,15 +38,6 @@ TEXTS = ["What is the capital of France?",  # 8 tokens: shorter than a block of 
          "Explain each step of the calculation carefully, then give the answer in hours and "
          "minutes. " * 3]  # several blocks
 LONG = "Describe the history of the river Seine, its sources, towns and bridges in detail. " * 40
-
-
-def wait_until(cond, timeout: float, what: str):
-    import time
-
-    end = time.time() + timeout
-    while not cond():
-        assert time.time() < end, what
-        time.sleep(0.2)
 
 
 def post(url: str, body: dict, timeout: float = 300) -> dict:

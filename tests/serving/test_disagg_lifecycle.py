@@ -11,23 +11,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from pop_analysis.serving.server import group_members
 
-from vllm_driver import check_venv
+from vllm_driver import check_venv, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(cond, timeout: float, what: str):
-    end = time.time() + timeout
-    while not cond():
-        assert time.time() < end, what
-        time.sleep(0.2)
 
 
 def start(tmp_path) -> tuple[subprocess.Popen, dict]:

@@ -15,18 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import model_from_hf
 from pop_analysis.engine.pop import run_prompt
 
-from vllm_driver import ROOT, Driver, check_venv, ok
+from vllm_driver import TINY_SHAPE, Driver, check_venv, ok, tiny_llama
 
-SHAPE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # vLLM's CPU attention: >= 32
-             max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None,
-             eos_token_id=None, pad_token_id=None, torch_dtype="float32")
 SKIP = [2, 3]  # layers below and above the block: both kinds of kept layer
 BLOCK = 32
 LENGTHS = (20, 33, 90)  # shorter than a block; N-1 exactly one block; several blocks, chunked
@@ -66,12 +61,7 @@ def _jobs(model: Path, prompts, kv: Path, example: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def handed(tmp_path_factory):
     check_venv()
-    torch.manual_seed(7)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**SHAPE)).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)  # random init is near-uniform: no greedy ties
-    folder = ROOT / "cache" / "vllm_test" / "tiny-llama-kv"
-    model.save_pretrained(folder)
+    model, folder = tiny_llama("tiny-llama-kv")
     prompts = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                for n in LENGTHS]
     kv, example = tmp_path_factory.mktemp("pop_kv"), tmp_path_factory.mktemp("example_kv")
@@ -89,7 +79,7 @@ def handed(tmp_path_factory):
 
 
 def _pop_lab_kv(lm, prompt, variant, skip) -> list:
-    """Per layer, POP Lab's (K, V) of positions 0..N-2 (Hkv, N-1, Dh) each, as its run leaves them."""
+    """Per layer, POP Lab's (K, V) of positions 0..N-2, (Hkv, N-1, Dh) each."""
     first = run_prompt(lm.adapter, torch.tensor([prompt]), variant, tuple(skip))
     out = []
     for i in range(lm.adapter.n_layers):
@@ -123,7 +113,7 @@ def test_prefill_instance_hands_off_every_prompt_position_of_every_layer(handed)
         with safe_open(str(kv / f"{params['pop_kv_file']}.rank0.safetensors"), "pt") as f:
             assert json.loads(f.metadata()["tokens"]) == prompt[:-1]
             names = sorted(f.keys(), key=lambda s: int(s.split(".")[2]))
-            assert len(names) == SHAPE["num_hidden_layers"]
+            assert len(names) == TINY_SHAPE["num_hidden_layers"]
             for i, name in enumerate(names):
                 k, v = _token_major(f.get_tensor(name), len(prompt) - 1)
                 for got, want, other in ((k, pop[i][0], full[i][0]), (v, pop[i][1], full[i][1])):

@@ -4,17 +4,12 @@ the full tokens, layers above), and still equals POP Lab's `pop` token for token
 compiled model equals POP Lab's `full`; another skip set takes the eager loop, also exact."""
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import model_from_hf
 
-from vllm_driver import ROOT, Driver, check_venv, ok
+from vllm_driver import Driver, check_venv, ok, tiny_llama
 
-SHAPE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # vLLM's CPU attention: >= 32
-             max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None,
-             eos_token_id=None, pad_token_id=None, torch_dtype="float32")
 BLOCK = [2, 3]  # layers below it, the block, layers above it: all three pieces
 OTHER = [3, 4, 5]  # a run-time switch to another block: not compiled for it, the eager loop
 N_NEW = 6
@@ -23,12 +18,7 @@ N_NEW = 6
 @pytest.fixture(scope="module")
 def compiled():
     check_venv()
-    torch.manual_seed(7)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**SHAPE)).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)  # random init is near-uniform: no greedy ties
-    folder = ROOT / "cache" / "vllm_test" / "tiny-llama-compiled"
-    model.save_pretrained(folder)
+    model, folder = tiny_llama("tiny-llama-compiled")
     prompts = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                for n in (37, 12, 25)]
     job = {"model": str(folder), "pop": {"skip": BLOCK},

@@ -14,7 +14,6 @@ from pop_vllm import kv_keys
 from pop_vllm.settings import PopSettings
 
 
-
 @pytest.fixture
 def base(tmp_path, monkeypatch) -> EngineSpec:
     """A POP engine spec on a model directory holding only its config (nothing loads it)."""
