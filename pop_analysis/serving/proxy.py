@@ -45,8 +45,7 @@ class Proxy(Engine):
         urls += [a for u in self.decode for a in ("--decode", u)]
         return [python, "-m", "vllm_router.launch_router", "--vllm-pd-disaggregation", *urls,
                 "--policy", "round_robin", "--disable-retries", "--host", HOST, "--port", str(port),
-                "--prometheus-host", HOST, "--prometheus-port", str(free_port()),
-                "--log-level", "warning"]
+                "--prometheus-host", HOST, "--prometheus-port", str(free_port())]
 
     def _env(self) -> dict:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"}
