@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--turns", type=int, default=6, help="prefix: turns per conversation")
     ap.add_argument("--data", default=str(GSM8K), help="prefix: GSM8K-style JSONL")
+    ap.add_argument("--kv-dir", default="/dev/shm/poplab-kv-bench",
+                    help="pd: the connector's storage root (memory by default)")
     args = ap.parse_args(argv)
     from pop_analysis.store.paths import cache_dir
 
@@ -97,7 +99,7 @@ def part_pd(args) -> dict:
     base = _spec(args)
     colocated = Engine(replace(base, cpus=(0, 1), threads=2,
                                extra_args=("--block-size", str(disagg.BLOCK_SIZE))))
-    split = disagg.Disaggregated(disagg.plan(base, "pop", (0,), (1,)))
+    split = disagg.Disaggregated(disagg.plan(base, "pop", (0,), (1,), kv_root=args.kv_dir))
     try:
         colocated.start()
         split.start()
@@ -109,8 +111,9 @@ def part_pd(args) -> dict:
     finally:
         split.stop()
         colocated.stop()
+    shutil.rmtree(args.kv_dir, ignore_errors=True)
     return {"part": "pd", "load": load.describe(), "cores": "colocated 0-1; prefill 0, decode 1",
-            **row}
+            "kv_dir": args.kv_dir, **row}
 
 
 def part_prefill(args) -> dict:
