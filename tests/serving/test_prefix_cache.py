@@ -41,8 +41,8 @@ def reusable(n_prompt: int) -> int:
 @pytest.fixture(scope="module")
 def cached(embedded):
     check_venv()
-    messages = [encode(embedded, t) for t in CHAT]
-    question = encode(embedded, QUESTION)
+    messages = [encode(embedded, t, raw=True) for t in CHAT]  # no template: no shared preamble
+    question = encode(embedded, QUESTION, raw=True)
     runs = [{"chat": messages, "max_tokens": N_NEW},  # 0: POP, from hf_overrides
             {"set": FULL, "prompts": [question], "max_tokens": N_NEW},  # 1: full computes it
             {"set": POP, "prompts": [question], "max_tokens": N_NEW},  # 2: POP may not reuse it
