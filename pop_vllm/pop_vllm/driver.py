@@ -15,7 +15,7 @@ JOB:  {"model": DIR, "engine": {LLM keyword arguments},
                  its answer and these ids)}]}
        "engine" may hold "kv_transfer_config": {...} (vLLM's KVTransferConfig fields).
 Prints one line "POP_DRIVER_RESULT " + JSON: {"jobs": [{"ok": true, "start_s": ..., "runs":
-[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null, "cached": [...],
+[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null, "cached": [...], "finish": [...],
 "kv_params": [...], "kv_stats": {...} | null, "prompts": [[...]] (chat runs)}]} or {"ok": false,
 "error": "one line"}, ...]}. A run whose switch or generation fails gives {"error": "one line"}
 and the job goes on with its next run. "preemptions" is vLLM's vllm:num_preemptions counter
@@ -100,6 +100,7 @@ def _run(llm, run: dict, is_pop: bool, SamplingParams, done: list) -> dict:
     return {"tokens": [list(r.outputs[0].token_ids) for r in res],
             "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
             "preemptions": _preemptions(llm), "cached": [r.num_cached_tokens for r in res],
+            "finish": [r.outputs[0].finish_reason for r in res],
             "kv_params": [r.kv_transfer_params for r in res],
             "kv_stats": llm.collective_rpc("pop_kv_stats")[0]}
 

@@ -137,10 +137,13 @@ def test_pop_and_stock_decode_instances_give_pop_lab_pop(handed):
     assert pop_decode["pruned_tokens"] == 0 and pop_decode["pop_steps"] == 0
 
 
-def test_missing_hand_off_fails_the_request_in_one_line(handed):
+def test_missing_hand_off_fails_the_request(handed):
+    """vLLM's kv_load_failure_policy "fail": the request ends with reason error (a 500 over
+    HTTP), never a silent recomputation; the engine goes on."""
     _, jobs, _, _, _ = handed
     r = jobs[1]["runs"][1]
-    assert "error" in r and "\n" not in r["error"], r
+    assert r["finish"] == ["error"] and r["tokens"] == [[]], r
+    assert r["kv_stats"]["load_errors"] == 1
 
 
 def test_example_connector_loses_skipped_layers(handed):
