@@ -15,8 +15,9 @@ JOB:  {"model": DIR, "engine": {LLM keyword arguments},
                  its answer and these ids)}]}
        "engine" may hold "kv_transfer_config": {...} (vLLM's KVTransferConfig fields).
 Prints one line "POP_DRIVER_RESULT " + JSON: {"jobs": [{"ok": true, "start_s": ..., "runs":
-[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null, "cached": [...], "finish": [...],
-"kv_params": [...], "kv_stats": {...} | null, "prompts": [[...]] (chat runs)}]} or {"ok": false,
+[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null, "cached": [...],
+"finish": [...], "kv_params": [...], "kv_stats": {...} | null, "prompts": [[...]] (chat runs)}]}
+or {"ok": false,
 "error": "one line"}, ...]}. A run whose switch or generation fails gives {"error": "one line"}
 and the job goes on with its next run. "preemptions" is vLLM's vllm:num_preemptions counter
 (engines started with disable_log_stats=False; null otherwise).
