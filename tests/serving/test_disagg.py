@@ -116,7 +116,8 @@ def test_disaggregated_tokens_equal_pop_lab_pop(topology):
 
 def test_prefill_killed_mid_request_one_error_no_orphan(topology):
     """Six long prompts at once keep the prefill instance (one core) busy for seconds; it is
-    killed while they are in it. Every client gets an answer or one error line, none hangs."""
+    killed while they are in it. Those in it get one error line from the proxy (HTTP 500),
+    those already in decode an answer or a closed connection when the CLI stops; none hangs."""
     p, info, _, _, _ = topology
     prefill = info["members"]["prefill"]
     got = []
@@ -126,8 +127,10 @@ def test_prefill_killed_mid_request_one_error_no_orphan(topology):
             post(info["url"], {"model": "smollm2-135m", "prompt": LONG, "max_tokens": 4,
                                "temperature": 0}, timeout=120)
             got.append(("ok", ""))
-        except urllib.error.HTTPError as e:
+        except urllib.error.HTTPError as e:  # the proxy's answer: the prefill failed
             got.append((e.code, e.read().decode()))
+        except OSError as e:  # the topology stopped under a request already in decode
+            got.append(("closed", str(e)))
 
     clients = [threading.Thread(target=ask) for _ in range(6)]
     for c in clients:
@@ -140,7 +143,7 @@ def test_prefill_killed_mid_request_one_error_no_orphan(topology):
     for c in clients:
         c.join(timeout=150)
     assert len(got) == len(clients), "a client hung"
-    errors = [(code, body) for code, body in got if code != "ok"]
+    errors = [(code, body) for code, body in got if isinstance(code, int)]
     assert errors, got
     for code, body in errors:
         assert code >= 500 and body.strip() and "\n" not in body.strip(), (code, body)
