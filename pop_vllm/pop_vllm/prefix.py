@@ -43,14 +43,20 @@ def request_key(request) -> tuple[str, str] | None:
     """(settings key, variant) of a request, fixed at its first hash (its arrival)."""
     got = getattr(request, "_pop_block_key", _UNSET)
     if got is _UNSET:
-        got = transferred_key(request.kv_transfer_params) or _current
+        params = request.kv_transfer_params
+        got = transferred_key(params) if transferred(params) else _current
         request._pop_block_key = got
     return got
 
 
+def transferred(params) -> bool:
+    """Whether a connector's prefill instance computed this request's prompt K/V."""
+    return bool(params and params.get("do_remote_prefill") and "pop_kv_file" in params)
+
+
 def transferred_key(params) -> tuple[str, str] | None:
-    """The settings a connector's prefill instance computed this request's prompt K/V under."""
-    if not params or not params.get("do_remote_prefill") or not params.get("pop_kv_settings"):
+    """The settings that prefill instance ran (None: the stock model's K/V, hashed as stock)."""
+    if not params.get("pop_kv_settings"):
         return None
     return str(params["pop_kv_settings"]), str(params.get("pop_kv_variant", "pop"))
 
