@@ -106,3 +106,30 @@ def test_prefix_caching_flag(base):
     assert "--no-enable-prefix-caching" in command(base, "python", 1)
     on = command(replace(base, prefix_caching=True), "python", 1)
     assert "--enable-prefix-caching" in on and "--no-enable-prefix-caching" not in on
+
+
+def test_request_keys_follow_the_settings_at_arrival_and_the_transfer():
+    """pop_vllm.prefix's per-request key (its vLLM hooks are installed only in engines): fixed
+    at a request's first hash, the engine's settings then, a handed-over request the prefill's."""
+    from types import SimpleNamespace
+
+    from pop_vllm import prefix
+
+    def request(params=None):
+        return SimpleNamespace(kv_transfer_params=params, num_prompt_tokens=70)
+
+    prefix.use(PopSettings((20, 21), "pop"))
+    pop = request()
+    key = kv_keys.settings_key(PopSettings((20, 21), "pop"))
+    assert prefix.extra_key(pop, 0, 32) == ("pop", key)
+    assert prefix.extra_key(pop, 64, 96) == ("pop", key, ("boundary", 5))
+    prefix.use(PopSettings((20, 21), "full"))  # a run-time switch to full
+    assert prefix.extra_key(pop, 32, 64) == ("pop", key)  # the request keeps its arrival key
+    assert prefix.extra_key(request(), 0, 32) is None  # a new one is stock
+    handed = {"do_remote_prefill": True, "pop_kv_file": "prefill-0/" + "0" * 40,
+              "pop_kv_settings": "abc", "pop_kv_variant": "pop"}
+    assert prefix.extra_key(request(handed), 0, 32) == ("pop", "abc")  # the prefill's settings
+    prefix.use(PopSettings((20, 21), "pop"))
+    stock = {**handed, "pop_kv_settings": None, "pop_kv_variant": "full"}
+    assert prefix.extra_key(request(stock), 0, 32) is None  # a stock prefill's K/V stays stock
+    prefix.use(PopSettings())
