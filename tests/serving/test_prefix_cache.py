@@ -22,7 +22,9 @@ MODEL = ROOT / "cache" / "models" / "smollm2-135m"
 TAIL = list(range(20, 30))
 BLOCK = 32
 N_NEW = 8
-CHAT = ["You are a careful assistant. Answer briefly. What is the capital of France?",
+CHAT = ["You are a careful assistant who answers briefly and precisely, in one or two sentences, "
+        "and never invents facts or sources. Keep every answer short. "
+        "What is the capital of France?",  # over a block: turn 2 can reuse one
         " Thanks. And what river runs through that city? Name it and say where it ends.",
         " Good. Now list two other rivers of that country, one in the north and one in the south."]
 QUESTION = ("A train leaves at 9:40 and arrives at 13:15. How long is the journey in minutes? "
