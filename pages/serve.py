@@ -4,7 +4,7 @@ import math
 import streamlit as st
 
 from dashboard.charts import serve as serve_charts
-from dashboard.panels import exports, serve_engines, widgets
+from dashboard.panels import exports, serve_engines, serve_topology, widgets
 from dashboard.session import jobs, state
 from pop_analysis.engine.skipset import describe
 from pop_analysis.serving import venv
@@ -13,10 +13,9 @@ from pop_analysis.serving.loadgen import LoadSpec
 st.title("Serve: POP in vLLM")
 st.markdown("A local vLLM engine (OpenAI-compatible, on 127.0.0.1 only) serves the current model "
             "with POP's skip set through the POP plugin, switched between the full model and POP at "
-            "run time, so both sides share one engine. Generate through both, "
-            "then load them with vLLM's own benchmark (continuous batching, chunked prefill) and "
-            "compare time to first token (TTFT), time per output token (TPOT) and throughput. "
-            "The engines stop with this dashboard.")
+            "run time, so both sides share one engine. Generate through both, then load them with "
+            "vLLM's own benchmark (continuous batching, chunked prefill) and compare time to first "
+            "token (TTFT), time per output token (TPOT) and throughput; all stop with the app.")
 
 lm = widgets.model_or_stop()
 model = state.model_spec().name
@@ -80,6 +79,7 @@ with st.container(border=True):
                        f"({describe(s.spec.skip)}, {s.spec.variant}, "
                        f"{'eager' if s.spec.eager else 'compiled'}); press **Restart**.")
 
+serve_topology.section(model, skip, variant)
 if s is None:
     st.info("Start the engines to generate through them and load test them.")
     st.stop()

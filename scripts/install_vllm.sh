@@ -38,6 +38,12 @@ if [ "$(cat "$DEPS_STAMP" 2>/dev/null)" != "$DEPS_WANT" ]; then
   echo "$DEPS_WANT" > "$DEPS_STAMP"
   rm -f "$PLUGIN_STAMP"
 fi
+# The P/D proxy of `serve --disaggregated`: vLLM's own router (a Rust binary in a wheel, about
+# 24 MB), which speaks the KV connectors' kv_transfer_params protocol.
+if ! "$VENV/bin/python" -c "import vllm_router_rs, vllm_router, orjson, setproctitle" 2>/dev/null; then
+  echo "install_vllm: installing vllm-router 0.1.17 (the prefill/decode proxy)"
+  pip_q install -q "vllm-router==0.1.17"
+fi
 if [ "$(cat "$PLUGIN_STAMP" 2>/dev/null)" != "$PLUGIN_WANT" ]; then
   echo "install_vllm: installing the POP plugin (pop_vllm/)"
   pip_q install -q --no-deps --no-build-isolation --force-reinstall ./pop_vllm

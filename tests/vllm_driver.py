@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,12 @@ class Driver:
 def ok(job: dict) -> dict:
     assert job["ok"], f"{job.get('error')} (engine log under cache/vllm_test/)"
     return job
+
+
+def wait_until(cond, timeout: float, what: str) -> None:
+    """Poll a condition (every 0.2 s) until it holds; fail with `what` after `timeout` seconds."""
+    end = time.time() + timeout
+    while not cond():
+        assert time.time() < end, what
+        time.sleep(0.2)
+

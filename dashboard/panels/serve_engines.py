@@ -42,7 +42,7 @@ def dead_note() -> str | None:
         return f"The engine stopped: {first_line(e)}"
 
 
-def _steps(monitor):
+def steps(monitor):
     """progress(done, total, message) -> a Tracker on the job's monitor (made at the first call)."""
     box = {}
 
@@ -100,17 +100,22 @@ def start_engines(model: str, skip, variant: str, lm=None, eager: bool = True) -
                 raise ValueError("no stored repair fits this skip set (fit one on the Skip set page)")
             repair = maps_path(lm, skip, key)
         spec = make_spec(model, tuple(skip), variant, repair=repair, eager=eager)
-        return Serving(spec, progress=_steps(monitor)), False
+        return Serving(spec, progress=steps(monitor)), False
 
+    jobs.start("serve_start", "Starting vLLM", run, started(SERVING, "engine", "Engines"),
+               context={"model": model, "variant": variant, "eager": eager})
+
+
+def started(key: str, what: str, ready: str):
+    """A start job's outcome: its result kept under `key` or why not in one line."""
     def done(job):
         if job.error is not None:
-            return "error", f"The engine did not start: {first_line(job.error)}"
+            return "error", f"The {what} did not start: {first_line(job.error)}"
         if job.cancelled is not None:
-            return "warning", "Starting the engine was cancelled; nothing is left running."
-        st.session_state[SERVING] = job.result[0]
-        return "success", f"Engines ready in {duration(job.seconds)}."
-    jobs.start("serve_start", "Starting vLLM", run, done,
-               context={"model": model, "variant": variant, "eager": eager})
+            return "warning", f"Starting the {what} was cancelled; nothing is left running."
+        st.session_state[key] = job.result[0]
+        return "success", f"{ready} ready in {duration(job.seconds)}."
+    return done
 
 
 def stop() -> None:

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from pop_analysis.serving.server import Engine
 from pop_analysis.engine.skipset import describe
+from dataclasses import replace
+
+from pop_analysis.commands import _disagg
 from pop_analysis.commands._common import add_skip_args, emit_json
 from pop_analysis.commands._serving import add_engine_args, spec_from_args, stderr_progress
 
@@ -13,12 +16,18 @@ def add_arguments(p) -> None:
     p.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free one)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON line (url, command, start-up) once the engine is ready")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="vLLM's prefix cache: POP's block hashes carry its settings and the "
+                        "pruned/full path, so it stays exact (default off)")
+    _disagg.add_arguments(p)
 
 
 def run(args) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must lie in 0..65535, got {args.port}")
-    spec = spec_from_args(args, port=args.port)
+    spec = replace(spec_from_args(args, port=args.port), prefix_caching=args.prefix_caching)
+    if args.disaggregated:
+        return _disagg.run(args, spec)
     engine = Engine(spec)
     what = "full model" if not spec.pop else f"{spec.variant}, skip {describe(spec.skip)}"
     try:

@@ -86,9 +86,11 @@ def row(spec: LoadSpec, variant: str, got: dict, first: list[str], other, cfg) -
 
     med_ttft = {s: per_round(s, lambda r: r.quantile("ttft_ms", 0.5) / 1e3) for s in got}
     med_tpot = {s: per_round(s, lambda r: r.quantile("tpot_ms", 0.5) / 1e3) for s in got}
+    p90_tpot = {s: per_round(s, lambda r: r.quantile("tpot_ms", 0.9) / 1e3) for s in got}
     inv_thr = {s: per_round(s, lambda r: 1.0 / r.output_throughput) for s in got}
     ttft = judge(med_ttft["full"], med_ttft["variant"], first, other, cfg)
     tpot = judge(med_tpot["full"], med_tpot["variant"], first, other, cfg)
+    tail = judge(p90_tpot["full"], p90_tpot["variant"], first, other, cfg)
     thr = judge(inv_thr["full"], inv_thr["variant"], first, other, cfg)
 
     def pooled(side, name, q):
@@ -102,12 +104,14 @@ def row(spec: LoadSpec, variant: str, got: dict, first: list[str], other, cfg) -
         out[f"ttft_{key}_ms"] = pooled(side, "ttft_ms", 0.5)
         out[f"ttft_p90_{key}_ms"] = pooled(side, "ttft_ms", 0.9)
         out[f"tpot_{key}_ms"] = pooled(side, "tpot_ms", 0.5)
+        out[f"tpot_p90_{key}_ms"] = pooled(side, "tpot_ms", 0.9)
         out[f"throughput_{key}"] = round(float(np.median([r.output_throughput for r in got[side]])), 3)
         out[f"failed_{key}"] = sum(r.failed for r in got[side])
         out[f"requests_{key}"] = {"ttft_ms": sum((r.ttft_ms for r in got[side]), []),
                                   "tpot_ms": sum((r.tpot_ms for r in got[side]), [])}
     out.update({"speedup": round(ttft.speedup, 4), **ttft.fields(),
                 "tpot_ratio": {"speedup": round(tpot.speedup, 4), **tpot.fields()},
+                "tpot_p90_ratio": {"speedup": round(tail.speedup, 4), **tail.fields()},
                 "throughput_ratio": {"speedup": round(thr.speedup, 4), **thr.fields()},
                 "other_cores": None if other is None else round(other, 2)})
     return out

@@ -55,6 +55,8 @@ class LoadSpec:
     request_rate: float = math.inf  # requests per second (Poisson); inf: all at once
     max_concurrency: int | None = None  # requests in flight at most (None: no cap)
     seed: int = 0
+    dataset: str | None = None  # a JSONL of {"prompt"} sent in order (chats); None: random
+    extra_body: str | None = None  # JSON merged into every request (e.g. kv_transfer_params)
 
     def check(self, max_model_len: int) -> "LoadSpec":
         if not 1 <= self.num_prompts <= MAX_PROMPTS:
@@ -113,15 +115,20 @@ def parse_result(raw: dict) -> LoadResult:
 
 
 def bench_args(url: str, model: str, tokenizer: str, spec: LoadSpec, out: Path) -> list[str]:
+    data = (["--dataset-name", "random", "--random-input-len", str(spec.input_len),
+             "--random-output-len", str(spec.output_len), "--random-range-ratio", "0"]
+            if spec.dataset is None else
+            ["--dataset-name", "custom", "--dataset-path", spec.dataset, "--custom-output-len",
+             str(spec.output_len), "--disable-shuffle", "--skip-chat-template"])
     args = ["--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
-            "--dataset-name", "random", "--random-input-len", str(spec.input_len),
-            "--random-output-len", str(spec.output_len), "--random-range-ratio", "0",
-            "--num-prompts", str(spec.num_prompts), "--request-rate", str(spec.request_rate),
+            *data, "--num-prompts", str(spec.num_prompts), "--request-rate", str(spec.request_rate),
             "--seed", str(spec.seed), "--ignore-eos", "--temperature", "0", "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(out.parent),
             "--result-filename", out.name]
     if spec.max_concurrency:
         args += ["--max-concurrency", str(spec.max_concurrency)]
+    if spec.extra_body:
+        args += ["--extra-body", spec.extra_body]
     return args
 
 

@@ -84,6 +84,9 @@ class EngineSpec:
     threads: int | None = None  # OMP threads of the worker (None: vLLM's choice)
     tensor_parallel: int = 1  # --tensor-parallel-size (ranks bound to their own cores)
     pipeline_parallel: int = 1  # --pipeline-parallel-size
+    cpus: tuple[int, ...] = ()  # cores the whole engine is pinned to (() : not pinned)
+    prefix_caching: bool = False  # vLLM's prefix cache (POP's block hashes carry its settings)
+    extra_args: tuple[str, ...] = ()  # more vLLM flags (a KV transfer config, a block size)
 
     @property
     def pop(self) -> bool:
@@ -128,10 +131,13 @@ def free_port() -> int:
 def engine_env(spec: EngineSpec, secret: str | None = None) -> dict:
     """The environment of the engine: the plugin's engine environment (offline, no usage
     statistics, loopback, caches under cache/) over this process's own, with the control secret
-    (the guard's; never vLLM's development routes)."""
+    (the guard's; never vLLM's development routes). An engine pinned to cores (spec.cpus) splits
+    them among its ranks."""
+    ranks = spec.tensor_parallel * spec.pipeline_parallel
     try:
-        world = plugin_env.engine_env(cache_dir(), spec.kv_cache_gib, spec.threads,
-                                      spec.tensor_parallel * spec.pipeline_parallel)
+        world = plugin_env.engine_env(cache_dir(), spec.kv_cache_gib, spec.threads, ranks)
+        if spec.cpus:
+            world["VLLM_CPU_OMP_THREADS_BIND"] = plugin_env.rank_cpus(ranks, spec.cpus)
     except ValueError as e:
         raise ServingError(str(e)) from None
     env = {**os.environ, **world, "PYTHONUNBUFFERED": "1"}
@@ -139,6 +145,8 @@ def engine_env(spec: EngineSpec, secret: str | None = None) -> dict:
         env.pop(name, None)
     if secret:
         env[control.CONTROL_TOKEN_ENV] = secret
+    if spec.cpus:
+        env.setdefault("OMP_NUM_THREADS", str(len(spec.cpus)))
     return env
 
 
@@ -157,9 +165,9 @@ def command(spec: EngineSpec, python: str, port: int) -> list[str]:
     if spec.pop:
         cmd += ["--hf-overrides", json.dumps(pop_overrides(spec, architecture(spec.model_dir)),
                                              separators=(",", ":"))]
-    # Off in every engine: POP refuses it (a cached block may hold full-path K/V), and a stock
-    # full engine beside it would serve the load test's repeated prompts from its cache.
-    cmd.append("--no-enable-prefix-caching")
+    cmd += list(spec.extra_args)
+    # Off unless asked for: a load test's repeated prompts would be served from the cache.
+    cmd.append("--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching")
     return cmd
 
 
@@ -177,6 +185,8 @@ class Engine:
         self._secret = control.new_secret()  # the control route's; in the engine's environment only
         self._lock = threading.Lock()
 
+    milestones = MILESTONES  # what the log says while it starts (a proxy has its own)
+
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
@@ -184,13 +194,14 @@ class Engine:
     @property
     def command_line(self) -> str:
         """The exact vLLM command (with the environment that matters), for a shell."""
-        env = engine_env(self.spec)
+        env = self._env()
         keep = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_HOST_IP", "HF_HUB_OFFLINE",
                 "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
                 "VLLM_USE_V2_MODEL_RUNNER", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")
         pre = [f"{k}={shlex.quote(env[k])}" for k in keep if k in env]
         pre.append(f"{control.CONTROL_TOKEN_ENV}=\"{SECRET_SHOWN}\"")  # the secret is never shown
-        return " ".join(pre + [shlex.quote(c) for c in self.cmd])
+        pin = ["taskset", "-c", ",".join(map(str, self.spec.cpus))] if self.spec.cpus else []
+        return " ".join(pre + pin + [shlex.quote(c) for c in self.cmd])
 
     def start(self, progress=None, timeout_s: float = START_TIMEOUT_S) -> "Engine":
         """Launch and wait until /health answers. progress(done, total, message) follows the
@@ -199,16 +210,17 @@ class Engine:
         port = self.spec.port or free_port()
         if not port_free(port):
             raise ServingError(f"port {port} on {HOST} is in use; pick another port (0 = any free one)")
-        self.port, self.cmd = port, command(self.spec, python, port)
+        self.port, self.cmd = port, self._command(python, port)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"engine-{port}.log"
         t0 = time.perf_counter()
+        cpus = self.spec.cpus
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [python, str(WATCHDOG), str(os.getpid()), *self.cmd],
-                env=engine_env(self.spec, self._secret),
+                [python, str(WATCHDOG), str(os.getpid()), *self.cmd], env=self._env(),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=cache_dir())
+                start_new_session=True, cwd=cache_dir(),
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         _RUNNING.add(self)
         try:
             self._wait_ready(progress, t0 + timeout_s, timeout_s)
@@ -218,18 +230,25 @@ class Engine:
         self.start_s = time.perf_counter() - t0
         return self
 
+    def _command(self, python: str, port: int) -> list[str]:
+        return command(self.spec, python, port)
+
+    def _env(self) -> dict:
+        return engine_env(self.spec, self._secret)
+
     def _wait_ready(self, progress, deadline: float, timeout_s: float) -> None:
         seen = 0
         while True:
             if self._healthy():
                 if progress:
-                    progress(len(MILESTONES), len(MILESTONES), "ready")
+                    progress(len(self.milestones), len(self.milestones), "ready")
                 return
             text = self.log_text()
-            while seen < len(MILESTONES) and re.search(MILESTONES[seen][0], text):
+            stages = self.milestones
+            while seen < len(stages) and re.search(stages[seen][0], text):
                 seen += 1
             if progress:
-                progress(seen, len(MILESTONES), MILESTONES[max(seen - 1, 0)][1] if seen
+                progress(seen, len(stages), stages[max(seen - 1, 0)][1] if seen
                          else "starting Python and importing vLLM")
             if time.perf_counter() > deadline:
                 raise ServingError(f"the engine did not answer within {timeout_s:.0f} s; "

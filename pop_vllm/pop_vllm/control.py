@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .stats import new_stats
 
-METHODS = ("pop_set", "pop_stats", "pop_reset_stats", "pop_forward_seconds")
+METHODS = ("pop_set", "pop_stats", "pop_reset_stats", "pop_forward_seconds", "pop_kv_stats")
 
 
 def _pop_model(worker):
@@ -46,6 +46,16 @@ def pop_forward_seconds(worker) -> float:
 
 def pop_reset_stats(worker) -> None:
     _pop_model(worker).pop_stats = new_stats()
+
+
+def pop_kv_stats(worker) -> dict | None:
+    """The POP KV connector's counters in this worker (saved / loaded requests, tokens, bytes,
+    seconds, load errors); None without a connector. Works on stock models too."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return None
+    return dict(getattr(get_kv_transfer_group(), "stats", None) or {})
 
 
 def install() -> None:

@@ -9,11 +9,17 @@ JOB:  {"model": DIR, "engine": {LLM keyword arguments},
        architecture; repair only for pop_repair),
        "runs": [{"set": {"skip": [...], "variant": ..., "repair": PATH} (optional run-time
                  switch), "prompts": [[ids], ...], "max_tokens": N, "batched": true,
-                 "logprobs": K, "prompt_logprobs": K or [K | null per prompt] (optional)}]}
+                 "logprobs": K, "prompt_logprobs": K or [K | null per prompt] (optional),
+                 "kv": "produce" | [params per prompt] | [job, run] (optional, KV connector
+                 engines: ask for a hand-off, or pass a producer run's kv_transfer_params),
+                 "chat": [[ids], ...] (instead of prompts: turn k's prompt is turn k-1's prompt,
+                 its answer and these ids)}]}
+       "engine" may hold "kv_transfer_config": {...} (vLLM's KVTransferConfig fields).
 Prints one line "POP_DRIVER_RESULT " + JSON: {"jobs": [{"ok": true, "start_s": ..., "runs":
-[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null, "logprobs": [[...]],
-"prompt_logprobs": [[null, ...]]}]} (log-probs of the generated / prompt tokens themselves, when
-asked) or {"ok": false,
+[{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null, "cached": [...],
+"finish": [...], "kv_params": [...], "kv_stats": {...} | null, "prompts": [[...]] (chat runs),
+"logprobs": [[...]], "prompt_logprobs": [[null, ...]] (log-probs of the generated / prompt tokens
+themselves, when asked)}]} or {"ok": false,
 "error": "one line"}, ...]}. A run whose switch or generation fails gives {"error": "one line"}
 and the job goes on with its next run. "preemptions" is vLLM's vllm:num_preemptions counter
 (engines started with disable_log_stats=False; null otherwise).
@@ -46,13 +52,17 @@ def one_line(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def run_job(job: dict) -> dict:
+def run_job(job: dict, done: list | None = None) -> dict:
     from vllm import LLM, SamplingParams
 
     from .settings import overrides
 
     engine = dict(job.get("engine", {}))
     _bind_ranks(engine.get("tensor_parallel_size", 1) * engine.get("pipeline_parallel_size", 1))
+    if "kv_transfer_config" in engine:
+        from vllm.config import KVTransferConfig
+
+        engine["kv_transfer_config"] = KVTransferConfig(**engine["kv_transfer_config"])
     pop = job.get("pop")
     if pop is not None:
         engine["hf_overrides"] = overrides(job.get("architecture", "LlamaForCausalLM"),
@@ -64,7 +74,7 @@ def run_job(job: dict) -> dict:
     try:
         for run in job.get("runs", []):
             try:
-                out["runs"].append(_run(llm, run, pop is not None, SamplingParams))
+                out["runs"].append(_run(llm, run, pop is not None, SamplingParams, done or []))
             except Exception as exc:  # a refused switch: one line, the engine carries on
                 out["runs"].append({"error": one_line(exc)})
     finally:
@@ -86,25 +96,33 @@ def _bind_ranks(world: int, _auto=os.environ.get("VLLM_CPU_OMP_THREADS_BIND")) -
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _auto
 
 
-def _run(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
+def _run(llm, run: dict, is_pop: bool, SamplingParams, done: list) -> dict:
     if "set" in run:
         llm.collective_rpc("pop_set", args=(run["set"].get("skip", ()),
                                             run["set"].get("variant", "pop"),
                                             run["set"].get("repair")))
     if is_pop:
         llm.collective_rpc("pop_reset_stats")
+    if "chat" in run:
+        return _chat(llm, run, is_pop, SamplingParams)
     prompts = [{"prompt_token_ids": p} for p in run["prompts"]]
     asked = run.get("prompt_logprobs")
     per_prompt = asked if isinstance(asked, list) else [asked] * len(prompts)
+    kv = _kv_params(run.get("kv"), len(prompts), done)
     params = [SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True,
-                             logprobs=run.get("logprobs"), prompt_logprobs=k) for k in per_prompt]
+                             logprobs=run.get("logprobs"), prompt_logprobs=k,
+                             extra_args=None if p is None else {"kv_transfer_params": p})
+              for k, p in zip(per_prompt, kv)]
     if run.get("batched", True):
         res = llm.generate(prompts, params, use_tqdm=False)
     else:
-        res = [llm.generate([p], k, use_tqdm=False)[0] for p, k in zip(prompts, params)]
+        res = [llm.generate([p], [s], use_tqdm=False)[0] for p, s in zip(prompts, params)]
     out = {"tokens": [list(r.outputs[0].token_ids) for r in res],
            "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
-           "preemptions": _preemptions(llm)}
+           "preemptions": _preemptions(llm), "cached": [r.num_cached_tokens for r in res],
+           "finish": [r.outputs[0].finish_reason for r in res],
+           "kv_params": [r.kv_transfer_params for r in res],
+           "kv_stats": llm.collective_rpc("pop_kv_stats")[0]}
     if run.get("logprobs") is not None:
         out["logprobs"] = [_own(r.outputs[0].logprobs, r.outputs[0].token_ids) for r in res]
     if asked is not None:
@@ -117,6 +135,33 @@ def _own(per_position, ids) -> list:
     """The log-prob of each token itself from vLLM's per-position {token: Logprob} (None where
     vLLM gives none: the first prompt position)."""
     return [None if d is None else d[t].logprob for d, t in zip(per_position, ids)]
+
+
+def _kv_params(kv, n: int, done: list) -> list:
+    """Per prompt, the kv_transfer_params to send (None: none)."""
+    if kv is None:
+        return [None] * n
+    if kv == "produce":
+        return [{"do_remote_decode": True}] * n
+    if len(kv) == 2 and all(isinstance(i, int) for i in kv):  # [job, run] of this driver
+        return list(done[kv[0]]["runs"][kv[1]]["kv_params"])
+    return list(kv)
+
+
+def _chat(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
+    """A conversation, one request per turn: each turn's prompt extends the last one with its
+    answer and the next message (what a chat client sends)."""
+    params = SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True)
+    prompt, prompts, tokens, cached = [], [], [], []
+    for message in run["chat"]:
+        prompt = prompt + (tokens[-1] if tokens else []) + list(message)
+        r = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+        prompts.append(prompt)
+        tokens.append(list(r.outputs[0].token_ids))
+        cached.append(r.num_cached_tokens)
+    return {"tokens": tokens, "prompts": prompts, "cached": cached,
+            "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
+            "preemptions": _preemptions(llm)}
 
 
 def _preemptions(llm) -> int | None:
@@ -148,7 +193,7 @@ def main(argv: list[str]) -> int:
     results = []
     for job in spec["jobs"]:
         try:
-            results.append(run_job(job))
+            results.append(run_job(job, results))
         except Exception as exc:  # one line back to the caller; the engine log has the rest
             results.append({"ok": False, "error": one_line(exc)})
     print(MARK + json.dumps({"jobs": results}), flush=True)

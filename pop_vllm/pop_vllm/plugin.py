@@ -39,10 +39,11 @@ def register() -> None:
         if pop_arch not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(pop_arch, f"pop_vllm.models:{pop_arch}")
     _register_config_checks()
-    from . import control, step
+    from . import control, prefix, step
 
     step.install()
     control.install()
+    prefix.install()  # block hashes carry the POP settings: prefix caching stays exact
 
 
 def check_config(vllm_config) -> None:
@@ -52,10 +53,12 @@ def check_config(vllm_config) -> None:
     hf = vllm_config.model_config.hf_config
     pop = parse(getattr(hf, "pop", None), hf.num_hidden_layers)
     check_settings(pop, hf)
-    if vllm_config.cache_config.enable_prefix_caching:
-        raise PopSettingsError("prefix caching breaks exact POP (a cached block may hold K/V from "
-                               "another variant): start the engine with enable_prefix_caching=False "
-                               "(--no-enable-prefix-caching)")
+    transfer = vllm_config.kv_transfer_config
+    if (transfer is not None and transfer.kv_connector == "ExampleConnector"
+            and transfer.is_kv_producer):
+        log.warning("pop_vllm: ExampleConnector saves through per-layer hooks that POP's skipped "
+                    "layers do not call for pruned tokens, and only a prompt's first chunk: use "
+                    "pop_vllm's PopKVConnector (docs/serving.md)")
     if vllm_config.speculative_config is not None:
         raise PopSettingsError("speculative decoding is not supported with the POP plugin")
     from vllm.config import CompilationMode

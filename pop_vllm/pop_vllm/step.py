@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .plan import StepPlan, plan_step
+from .prefix import full_path
 
 
 @dataclass
@@ -86,10 +87,8 @@ def _wants_prompt_logprobs(requests: dict, req_ids) -> np.ndarray:
     """(R,) bool: which requests asked for prompt log-probs (`prompt_logprobs`, or `echo` with
     `logprobs` in the OpenAI API). Read from the request's own sampling parameters, which live as
     long as the request: a request resumed after a preemption stays on the full path."""
-    def wants(req_id) -> bool:
-        params = getattr(requests.get(req_id), "sampling_params", None)
-        return params is not None and params.prompt_logprobs is not None
-    return np.fromiter((wants(r) for r in req_ids), dtype=bool, count=len(req_ids))
+    return np.fromiter((full_path(requests.get(r)) for r in req_ids), dtype=bool,
+                       count=len(req_ids))
 
 
 def plan(facts: StepFacts, variant: str, n_tokens: int) -> StepPlan:

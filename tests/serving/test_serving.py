@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,14 +22,9 @@ from pop_analysis.serving.spec import make_spec
 from pop_analysis.serving.venv import ServingError
 from pop_analysis.speed.procs import children
 
+from vllm_driver import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(cond, timeout: float, what: str):
-    end = time.time() + timeout
-    while not cond():
-        assert time.time() < end, what
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

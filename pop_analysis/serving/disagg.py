@@ -1,0 +1,172 @@
+"""Prefill/decode disaggregation on one machine, the same code as across hosts: a prefill
+instance (POP, or the full model), a decode instance and the proxy joining them.
+
+    client -> proxy (vllm-router, P/D mode) -> prefill instance   (kv_producer, cores P)
+                                            -> decode instance    (kv_consumer, cores D)
+
+The prefill instance computes x_1..x_{N-1} of each prompt (POP's pruned path) and x_N, and its
+KV connector (pop_vllm's PopKVConnector) writes every layer's K/V of positions 0..N-2 into a
+folder per model and POP setting; the decode instance loads them, computes x_N and the generated
+tokens, and answers. Each instance is pinned to its own cores. The producer empties its own
+subfolder when it starts, so stale K/V is never loaded. Across hosts the folder is a shared
+file system; on GPUs the connector would be NIXL (docs/serving.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pop_analysis.engine.skipset import describe
+from pop_analysis.serving.proxy import Proxy
+from pop_analysis.serving.server import Engine, EngineSpec
+from pop_analysis.serving.venv import ServingError
+from pop_analysis.store.paths import cache_dir
+from pop_vllm import kv_keys
+from pop_vllm.settings import PopSettings
+
+DECODE_SIDES = ("pop", "full")  # the decode instance: the prefill's POP settings, or stock vLLM
+BLOCK_SIZE = 32  # CPU attention's smallest block: a hand-off moves whole blocks of the cache
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Everything a disaggregated deployment needs, decided before anything starts."""
+
+    prefill: EngineSpec  # the producer (its variant and skip set: POP or full)
+    decode: EngineSpec  # the consumer
+    proxy: EngineSpec  # the router's port and name (it loads no model)
+    folder: str  # the connector's storage folder for this model and prefill setting
+
+    def describe(self) -> list[str]:
+        """One line per pool, for the CLI and the Serve page."""
+        def pool(s: EngineSpec) -> str:
+            what = "full model" if not s.pop else f"{s.variant}, skip {describe(s.skip)}"
+            return f"{what}, cores {','.join(map(str, s.cpus)) or 'any'}"
+        return [f"prefill pool: 1 instance ({pool(self.prefill)}), K/V producer",
+                f"decode pool: 1 instance ({pool(self.decode)}), K/V consumer",
+                "proxy: vllm-router (P/D mode): prefill with max_tokens 1, then decode",
+                f"K/V hand-off: pop_vllm's PopKVConnector through {self.folder}"]
+
+
+def split_cores(n: int | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The machine's cores in two halves (prefill, decode); at least one each."""
+    cores = sorted(os.sched_getaffinity(0)) if n is None else list(range(n))
+    if len(cores) < 2:
+        raise ServingError(f"disaggregation pins prefill and decode to their own cores: this "
+                           f"process may use {len(cores)} core(s)")
+    half = len(cores) // 2
+    return tuple(cores[:half]), tuple(cores[half:])
+
+
+def plan(base: EngineSpec, decode: str = "pop", prefill_cpus=None, decode_cpus=None,
+         block_size: int = BLOCK_SIZE, kv_root: str | Path | None = None,
+         proxy_port: int = 0) -> Topology:
+    """The topology for `base` (its model, skip set and variant go to the prefill instance)."""
+    if decode not in DECODE_SIDES:
+        raise ServingError(f"the decode side is pop (the prefill's settings) or full (stock vLLM), "
+                           f"not {decode!r}")
+    if block_size < 32 or block_size % 32:
+        raise ServingError(f"vLLM's CPU attention needs a block size that is a multiple of 32, "
+                           f"got {block_size}")
+    if prefill_cpus is None or decode_cpus is None:
+        prefill_cpus, decode_cpus = split_cores()
+    usable = os.sched_getaffinity(0)
+    if not set(prefill_cpus) | set(decode_cpus) <= usable:
+        raise ServingError(f"cores {sorted(set(prefill_cpus) | set(decode_cpus) - usable)} are not "
+                           f"available here (this process may use {sorted(usable)})")
+    if set(prefill_cpus) & set(decode_cpus):
+        raise ServingError(f"prefill cores {list(prefill_cpus)} and decode cores "
+                           f"{list(decode_cpus)} overlap: give each instance its own")
+    folder = kv_keys.storage_dir(Path(kv_root or cache_dir() / "kv_transfer").resolve(), base.name,
+                                 PopSettings(base.skip, base.variant, base.repair))
+
+    def instance(spec: EngineSpec, role: str, engine_id: str, cpus) -> EngineSpec:
+        cfg = json.dumps(kv_keys.transfer_config(role, folder, engine_id), separators=(",", ":"))
+        return replace(spec, cpus=tuple(cpus), switchable=False, threads=len(cpus),
+                       extra_args=("--block-size", str(block_size), "--kv-transfer-config", cfg))
+
+    stock = replace(base, variant="full", skip=(), repair=None)
+    return Topology(
+        prefill=instance(replace(base, port=0), "kv_producer", "prefill-0", prefill_cpus),
+        decode=instance(replace(base if decode == "pop" else stock, port=0), "kv_consumer",
+                        "decode-0", decode_cpus),
+        proxy=replace(stock, port=proxy_port, cpus=()),
+        folder=str(folder))
+
+
+class Disaggregated:
+    """The running topology: start() blocks until the proxy answers; stop() ends all three."""
+
+    def __init__(self, topology: Topology, log_dir: Path | None = None):
+        self.topology = topology
+        self.prefill = Engine(topology.prefill, log_dir)
+        self.decode = Engine(topology.decode, log_dir)
+        self.proxy: Proxy | None = None
+        self._log_dir = log_dir
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    def members(self) -> dict[str, Engine]:
+        out = {"prefill": self.prefill, "decode": self.decode}
+        return out if self.proxy is None else {**out, "proxy": self.proxy}
+
+    def start(self, progress=None, timeout_s: float | None = None) -> "Disaggregated":
+        kw = {} if timeout_s is None else {"timeout_s": timeout_s}
+        try:
+            self.prefill.start(progress=_part(progress, "prefill", 0), **kw)
+            self.decode.start(progress=_part(progress, "decode", 1), **kw)
+            self.proxy = Proxy(self.topology.proxy, [self.prefill.url], [self.decode.url],
+                               self._log_dir)
+            self.proxy.start(progress=_part(progress, "proxy", 2), **kw)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def check(self) -> None:
+        """ServingError naming the member that died (one line)."""
+        for name, member in self.members().items():
+            try:
+                member.check()
+            except ServingError as e:
+                raise ServingError(f"the {name} instance died: {e}") from None
+
+    def alive(self) -> bool:
+        return all(m.alive() for m in self.members().values())
+
+    def info(self) -> dict:
+        return {"url": f"{self.url}/v1", "topology": self.topology.describe(),
+                "folder": self.topology.folder,
+                "members": {name: {"url": m.url, "command": m.command_line, "pgid": m.proc.pid,
+                                   "start_s": round(m.start_s or 0, 2), "log": str(m.log_path),
+                                   "rss_mib": round(m.rss_bytes() / 2**20),
+                                   "cores": list(m.spec.cpus)}
+                            for name, m in self.members().items()}}
+
+    def pids(self) -> list[int]:
+        return [p for m in self.members().values() for p in m.pids()]
+
+    def stop(self) -> None:
+        for member in (self.proxy, self.decode, self.prefill):
+            if member is not None:
+                member.stop()
+
+    def __enter__(self) -> "Disaggregated":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _part(progress, name: str, index: int):
+    """A member's progress(done, total, message) as a percentage of starting all three."""
+    if progress is None:
+        return None
+
+    def show(done, total, message):
+        progress(round(100 * (index + done / max(total, 1)) / 3), 100, f"{name}: {message}")
+    return show

@@ -1,0 +1,73 @@
+"""What a block of K/V was computed under, for K/V that leaves the step that wrote it (pure: no
+vLLM, no torch): prefix caching hands it to later requests, the KV connector to another engine.
+
+POP's K/V of a prompt position depends on the settings (skip set, variant, repair maps) and on
+whether the position took the pruned path (x_1..x_{N-1}) or the full one (x_N, generated tokens).
+`settings_key` names the first; `block_path` the second, per block of a request; the connector's
+storage folder is per model and settings key.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from .plan import first_full_position
+from .settings import PopSettings
+
+CONNECTOR = "PopKVConnector"  # the class in pop_vllm.connector (loaded by module path)
+CONNECTOR_MODULE = "pop_vllm.connector"
+STOCK_KEY = "full"  # the storage folder's suffix for a stock (or full-variant) prefill engine
+_NAME = re.compile(r"[^A-Za-z0-9_.-]+")  # what a folder name may not hold
+ENGINE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def settings_key(pop: PopSettings) -> str | None:
+    """A short digest of settings that change prompt K/V (None: the stock model, whose K/V needs
+    no salt). A repair's maps enter by content, so a refitted file with the same path differs."""
+    if not pop.active:
+        return None
+    body = {"skip": list(pop.skip), "variant": str(pop.variant)}
+    if pop.repair:
+        body["repair"] = _file_digest(pop.repair)
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def block_path(start: int, end: int, prompt_len: int, variant: str):
+    """The extra hash key of the block of positions [start, end) of a request: None when every
+    position took the pruned path (reusable by any request with these settings and tokens),
+    else where the full path begins inside the block (the block holding the boundary token) or
+    "full" (a block after it: generated tokens). Full-path K/V of one request is not what
+    another request's pruned path computes, so those blocks never match a pruned lookup."""
+    first_full = int(first_full_position([prompt_len], variant)[0])
+    if end <= first_full:
+        return None
+    return ("boundary", first_full - start) if start <= first_full else "full"
+
+
+def storage_dir(root: str | Path, model_name: str, pop: PopSettings) -> Path:
+    """The connector's folder for one model and prefill setting (each producer instance writes
+    into a subfolder of it named after its engine id, cleared when that engine starts)."""
+    name = _NAME.sub("-", model_name).strip("-") or "model"
+    return Path(root) / f"{name}-{settings_key(pop) or STOCK_KEY}"
+
+
+def transfer_config(role: str, folder: str | Path, engine_id: str) -> dict:
+    """vLLM's --kv-transfer-config for the POP connector; role: kv_producer (the prefill
+    instance), kv_consumer (the decode instance) or kv_both."""
+    if role not in ("kv_producer", "kv_consumer", "kv_both"):
+        raise ValueError(f"unknown KV role {role!r}: kv_producer, kv_consumer or kv_both")
+    if not ENGINE_ID.fullmatch(engine_id):
+        raise ValueError(f"engine id {engine_id!r} must be letters, digits, '.', '_' or '-'")
+    return {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_role": role, "engine_id": engine_id,
+            "kv_connector_extra_config": {"pop_kv_dir": str(folder)}}

@@ -1,0 +1,158 @@
+"""The POP KV connector (pop_vllm/pop_vllm/connector.py) on a tiny random Llama saved here, in real
+vLLM engines run one after another by one driver process (prefill instance, then decode instances):
+
+- the prefill instance (POP, block 2-3 of 6 layers, 16-token batch budget: prompts arrive in
+  chunks, some made only of pruned tokens) writes, for every layer (skipped ones included) and
+  every prompt position 0..N-2, the K/V POP Lab's `pop` computes, and nothing else;
+- a POP decode instance and a stock one load them, compute only x_N and the generated tokens,
+  and both give POP Lab's `pop` tokens; a file that is not there fails that request in one line;
+- vLLM's ExampleConnector on the same prefill instance loses the skipped layers' K/V (the reason
+  the plugin ships its own connector).
+"""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from pop_analysis.engine.generate import SamplingConfig, run
+from pop_analysis.engine.models import model_from_hf
+from pop_analysis.engine.pop import run_prompt
+
+from tiny_saved import SHAPE, tiny
+from vllm_driver import Driver, check_venv, ok
+
+SKIP = [2, 3]  # layers below and above the block: both kinds of kept layer
+BLOCK = 32
+LENGTHS = (20, 33, 90)  # shorter than a block; N-1 exactly one block; several blocks, chunked
+N_NEW = 6
+ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 256, "block_size": BLOCK,
+          "enable_prefix_caching": False, "skip_tokenizer_init": True,
+          "max_num_batched_tokens": 16, "max_num_seqs": 4, "seed": 0}
+MISSING = {"do_remote_prefill": True, "pop_kv_file": "prefill-0/" + "0" * 40, "pop_kv_tokens": 19}
+
+
+def _pop_kv(folder: Path, role: str, engine_id: str) -> dict:
+    return {"kv_connector": "PopKVConnector", "kv_connector_module_path": "pop_vllm.connector",
+            "kv_role": role, "engine_id": engine_id,
+            "kv_connector_extra_config": {"pop_kv_dir": str(folder)}}
+
+
+def _jobs(model: Path, prompts, kv: Path, example: Path) -> list[dict]:
+    producer = {**ENGINE, "kv_transfer_config": _pop_kv(kv, "kv_producer", "prefill-0")}
+    consumer = {**ENGINE, "kv_transfer_config": _pop_kv(kv, "kv_consumer", "decode-0")}
+    hand_off = {"prompts": prompts, "max_tokens": 1, "kv": "produce"}
+    return [
+        {"model": str(model), "pop": {"skip": SKIP}, "engine": producer,
+         "runs": [hand_off, hand_off, hand_off]},  # run 2's files stay for the layout check
+        {"model": str(model), "pop": {"skip": SKIP}, "engine": consumer,
+         "runs": [{"prompts": prompts, "max_tokens": N_NEW, "kv": [0, 0]},
+                  {"prompts": prompts[:1], "max_tokens": N_NEW, "kv": [MISSING]}]},
+        {"model": str(model), "pop": None, "engine": consumer,
+         "runs": [{"prompts": prompts, "max_tokens": N_NEW, "kv": [0, 1]}]},
+        {"model": str(model), "pop": {"skip": SKIP},
+         "engine": {**ENGINE, "kv_transfer_config": {
+             "kv_connector": "ExampleConnector", "kv_role": "kv_producer",
+             "kv_connector_extra_config": {"shared_storage_path": str(example)}}},
+         "runs": [{"prompts": prompts, "max_tokens": 1}]},
+    ]
+
+
+@pytest.fixture(scope="module")
+def handed(tmp_path_factory):
+    check_venv()
+    model, folder = tiny("LlamaForCausalLM", 7, "tiny-llama-kv")
+    prompts = [torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in LENGTHS]
+    kv, example = tmp_path_factory.mktemp("pop_kv"), tmp_path_factory.mktemp("example_kv")
+    driver = Driver("kv_connector", _jobs(folder, prompts, kv, example))
+    try:
+        lm = model_from_hf(model, name="tiny-llama")
+        cfg = SamplingConfig(max_new_tokens=N_NEW, stop_at_eos=False)
+        ref = {v: [run(lm, p, v, tuple(s), cfg).token_ids for p in prompts]
+               for v, s in (("pop", SKIP), ("full", ()))}
+        ref["kv"] = {v: [_pop_lab_kv(lm, p, v, s) for p in prompts]
+                     for v, s in (("pop", SKIP), ("full", ()))}
+    finally:
+        jobs = driver.results()
+    return prompts, jobs, ref, kv, example
+
+
+def _pop_lab_kv(lm, prompt, variant, skip) -> list:
+    """Per layer, POP Lab's (K, V) of positions 0..N-2, (Hkv, N-1, Dh) each."""
+    first = run_prompt(lm.adapter, torch.tensor([prompt]), variant, tuple(skip))
+    out = []
+    for i in range(lm.adapter.n_layers):
+        k, v = lm.adapter.cached_kv(first.cache, i)  # (1, Hkv, N, Dh) each
+        out.append((k[0, :, :-1], v[0, :, :-1]))
+    return out
+
+
+def _token_major(blocks: torch.Tensor, n: int):
+    """CPU_ATTN's paged blocks (B, Hkv, block, 2 Dh) -> K, V (Hkv, n, Dh): per block and head the
+    keys are stored transposed (Dh, block) for the dot products, then the values (block, Dh)."""
+    b, h, bs, two_d = blocks.shape
+    d = two_d // 2
+    raw = blocks.reshape(b, h, 2, bs * d)  # (B, Hkv, K|V, block * Dh)
+    k = raw[:, :, 0].reshape(b, h, d, bs).transpose(2, 3)  # (B, Hkv, block, Dh)
+    v = raw[:, :, 1].reshape(b, h, bs, d)  # (B, Hkv, block, Dh)
+    join = lambda x: x.transpose(0, 1).reshape(h, b * bs, d)[:, :n]  # noqa: E731  (Hkv, n, Dh)
+    return join(k), join(v)
+
+
+def test_prefill_instance_hands_off_every_prompt_position_of_every_layer(handed):
+    prompts, jobs, ref, kv, _ = handed
+    runs = ok(jobs[0])["runs"]
+    for i, r in enumerate(runs):  # the counters add up over the engine's runs
+        assert [p["pop_kv_tokens"] for p in r["kv_params"]] == [n - 1 for n in LENGTHS]
+        assert r["kv_stats"]["saved_tokens"] == sum(n - 1 for n in LENGTHS) * (i + 1)
+    files = sorted((kv / "prefill-0").glob("*.safetensors"))
+    assert len(files) == len(prompts)  # run 2's; the decode instances took runs 0 and 1's away
+    for params, prompt, pop, full in zip(runs[2]["kv_params"], prompts, ref["kv"]["pop"],
+                                         ref["kv"]["full"]):
+        with safe_open(str(kv / f"{params['pop_kv_file']}.rank0.safetensors"), "pt") as f:
+            assert json.loads(f.metadata()["tokens"]) == prompt[:-1]
+            names = sorted(f.keys(), key=lambda s: int(s.split(".")[2]))
+            assert len(names) == SHAPE["num_hidden_layers"]
+            for i, name in enumerate(names):
+                k, v = _token_major(f.get_tensor(name), len(prompt) - 1)
+                for got, want, other in ((k, pop[i][0], full[i][0]), (v, pop[i][1], full[i][1])):
+                    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), \
+                        (name, len(prompt), (got - want).abs().max().item())
+                    if i in SKIP[1:]:  # from x_f, not x_i: POP's own K/V, not the full model's
+                        assert (got - other).abs().max().item() > 1e-2, (name, len(prompt))
+
+
+def test_pop_and_stock_decode_instances_give_pop_lab_pop(handed):
+    prompts, jobs, ref, _, _ = handed
+    assert ref["pop"] != ref["full"]  # POP changes these tokens: the comparison can fail
+    for job in jobs[1:3]:
+        r = ok(job)["runs"][0]
+        assert r["tokens"] == ref["pop"]
+        stats = r["kv_stats"]
+        assert stats["loaded_requests"] == len(prompts) and stats["load_errors"] == 0
+        assert stats["loaded_tokens"] == sum(n - 1 for n in LENGTHS) and stats["layers"] == 6
+    # the decode side computed x_N and the generated tokens only: nothing of the prompt before
+    pop_decode = jobs[1]["runs"][0]["stats"]
+    assert pop_decode["pruned_tokens"] == 0 and pop_decode["pop_steps"] == 0
+
+
+def test_missing_hand_off_fails_the_request(handed):
+    """vLLM's kv_load_failure_policy "fail": the request ends with reason error (a 500 over
+    HTTP), never a silent recomputation; the engine goes on."""
+    _, jobs, _, _, _ = handed
+    r = jobs[1]["runs"][1]
+    assert r["finish"] == ["error"] and r["tokens"] == [[]], r
+    assert r["kv_stats"]["load_errors"] == 1
+
+
+def test_example_connector_loses_skipped_layers(handed):
+    """vLLM's ExampleConnector saves from the per-layer attention hook, in a request's first
+    step: a first chunk made only of pruned tokens never reaches the skipped layers' hook."""
+    _, jobs, _, _, example = handed
+    ok(jobs[3])
+    saved = [{p.stem for p in d.glob("*.safetensors")} for d in example.iterdir() if d.is_dir()]
+    assert saved, "ExampleConnector saved nothing"
+    skipped = {f"model.layers.{i}.self_attn.attn" for i in SKIP}
+    assert any(not (skipped & layers) and layers for layers in saved), saved

@@ -1,0 +1,135 @@
+"""What a disaggregated topology and POP's cached K/V are keyed by, without an engine: the block
+path of prefix caching, the settings key and storage folder, the prefill/decode/proxy commands
+(pinning, roles, the connector's config), and bad input in one line."""
+import json
+from dataclasses import replace
+
+import pytest
+
+from pop_analysis.serving import disagg
+from pop_analysis.serving.proxy import Proxy
+from pop_analysis.serving.server import EngineSpec, command, engine_env
+from pop_analysis.serving.venv import ServingError
+from pop_vllm import kv_keys
+from pop_vllm.settings import PopSettings
+
+
+@pytest.fixture
+def base(tmp_path, monkeypatch) -> EngineSpec:
+    """A POP engine spec on a model directory holding only its config (nothing loads it)."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    monkeypatch.setattr("pop_analysis.serving.venv.has_plugin", lambda: True)
+    return EngineSpec(model_dir=str(tmp_path / "m"), name="m", skip=(20, 21, 22), variant="pop")
+
+
+def test_block_path_marks_every_block_that_holds_a_full_path_position():
+    # prompt of 70 tokens, blocks of 32: x_N is position 69 (pop), 70 (pop_no_boundary)
+    assert kv_keys.block_path(0, 32, 70, "pop") is None
+    assert kv_keys.block_path(32, 64, 70, "pop") is None
+    assert kv_keys.block_path(64, 96, 70, "pop") == ("boundary", 5)
+    assert kv_keys.block_path(96, 128, 70, "pop") == "full"
+    assert kv_keys.block_path(64, 96, 70, "pop_no_boundary") == ("boundary", 6)
+    # x_N as the last position of a block: that block holds the full path, the one before not
+    assert kv_keys.block_path(32, 64, 64, "pop") == ("boundary", 31)
+    assert kv_keys.block_path(0, 32, 64, "pop") is None
+    assert kv_keys.block_path(0, 32, 70, "full") == ("boundary", 0)
+
+
+def test_settings_key_tells_settings_apart(tmp_path):
+    a = kv_keys.settings_key(PopSettings((20, 21), "pop"))
+    assert a == kv_keys.settings_key(PopSettings((20, 21), "pop")) and len(a) == 16
+    assert a != kv_keys.settings_key(PopSettings((20, 22), "pop"))
+    assert a != kv_keys.settings_key(PopSettings((20, 21), "pop_no_boundary"))
+    assert kv_keys.settings_key(PopSettings((20, 21), "full")) is None
+    assert kv_keys.settings_key(PopSettings((), "pop")) is None
+    maps = tmp_path / "maps.safetensors"
+    maps.write_bytes(b"one")
+    first = kv_keys.settings_key(PopSettings((20, 21), "pop_repair", str(maps)))
+    maps.write_bytes(b"two")  # refitted in place: another key
+    assert first != kv_keys.settings_key(PopSettings((20, 21), "pop_repair", str(maps)))
+
+
+def test_storage_folder_is_per_model_and_setting(tmp_path):
+    pop = kv_keys.storage_dir(tmp_path, "smollm2/135m", PopSettings((20,), "pop"))
+    assert pop.parent == tmp_path and pop.name.startswith("smollm2-135m-")
+    assert kv_keys.storage_dir(tmp_path, "m", PopSettings()).name == "m-full"
+    with pytest.raises(ValueError, match="engine id"):
+        kv_keys.transfer_config("kv_producer", tmp_path, "../x")
+    with pytest.raises(ValueError, match="unknown KV role"):
+        kv_keys.transfer_config("producer", tmp_path, "p")
+
+
+def test_plan_pins_each_instance_and_joins_them_through_the_connector(base, tmp_path):
+    topo = disagg.plan(base, "pop", (0,), (1,), 32, tmp_path)
+    p, d = topo.prefill, topo.decode
+    assert p.cpus == (0,) and d.cpus == (1,) and p.threads == d.threads == 1
+    assert (p.variant, p.skip) == (d.variant, d.skip) == ("pop", (20, 21, 22))
+    for spec, role, eid in ((p, "kv_producer", "prefill-0"), (d, "kv_consumer", "decode-0")):
+        cmd = command(spec, "python", 8000)
+        cfg = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+        assert cfg["kv_role"] == role and cfg["engine_id"] == eid
+        assert cfg["kv_connector_module_path"] == "pop_vllm.connector"
+        assert cfg["kv_connector_extra_config"]["pop_kv_dir"] == topo.folder
+        assert cmd[cmd.index("--block-size") + 1] == "32"
+        assert engine_env(spec)["VLLM_CPU_OMP_THREADS_BIND"] == str(spec.cpus[0])
+    assert topo.folder.startswith(str(tmp_path.resolve()))
+    stock = disagg.plan(base, "full", (0,), (1,), 32, tmp_path).decode
+    assert stock.variant == "full" and stock.skip == () and not stock.pop
+    assert "prefill pool" in topo.describe()[0] and "20-22" in topo.describe()[0]
+
+
+def test_plan_bad_input_one_line(base, tmp_path):
+    for args, words in ((("pop", (0,), (0,)), "overlap"), (("stock", (0,), (1,)), "decode side"),
+                        (("pop", (0,), (1,), 48), "multiple of 32"),
+                        (("pop", (0,), (4096,)), "not available")):
+        with pytest.raises(ServingError, match=words) as e:
+            disagg.plan(base, *args, kv_root=tmp_path)
+        assert "\n" not in str(e.value)
+
+
+def test_proxy_command_is_vllm_router_in_pd_mode(base, monkeypatch):
+    monkeypatch.setattr("pop_analysis.serving.proxy.has_router", lambda: True)
+    proxy = Proxy(replace(base, variant="full", skip=()), ["http://127.0.0.1:1"],
+                  ["http://127.0.0.1:2"])
+    cmd = proxy._command("python", 8100)
+    assert cmd[:4] == ["python", "-m", "vllm_router.launch_router", "--vllm-pd-disaggregation"]
+    assert cmd[cmd.index("--prefill") + 1] == "http://127.0.0.1:1"
+    assert cmd[cmd.index("--decode") + 1] == "http://127.0.0.1:2"
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and "--disable-retries" in cmd
+    monkeypatch.setattr("pop_analysis.serving.proxy.has_router", lambda: False)
+    with pytest.raises(ServingError, match="install_vllm"):
+        proxy._command("python", 8100)
+
+
+def test_prefix_caching_flag(base):
+    assert "--no-enable-prefix-caching" in command(base, "python", 1)
+    on = command(replace(base, prefix_caching=True), "python", 1)
+    assert "--enable-prefix-caching" in on and "--no-enable-prefix-caching" not in on
+
+
+def test_request_keys_follow_the_settings_at_arrival_and_the_transfer():
+    """pop_vllm.prefix's per-request key (its vLLM hooks are installed only in engines): fixed
+    at a request's first hash, the engine's settings then, a handed-over request the prefill's."""
+    from types import SimpleNamespace
+
+    from pop_vllm import prefix
+
+    def request(params=None):
+        return SimpleNamespace(kv_transfer_params=params, num_prompt_tokens=70)
+
+    prefix.use(PopSettings((20, 21), "pop"))
+    pop = request()
+    key = kv_keys.settings_key(PopSettings((20, 21), "pop"))
+    assert prefix.extra_key(pop, 0, 32) == ("pop", key)
+    assert prefix.extra_key(pop, 64, 96) == ("pop", key, ("boundary", 5))
+    prefix.use(PopSettings((20, 21), "full"))  # a run-time switch to full
+    assert prefix.extra_key(pop, 32, 64) == ("pop", key)  # the request keeps its arrival key
+    assert prefix.extra_key(request(), 0, 32) is None  # a new one is stock
+    handed = {"do_remote_prefill": True, "pop_kv_file": "prefill-0/" + "0" * 40,
+              "pop_kv_settings": "abc", "pop_kv_variant": "pop"}
+    assert prefix.extra_key(request(handed), 0, 32) == ("pop", "abc")  # the prefill's settings
+    prefix.use(PopSettings((20, 21), "pop"))
+    stock = {**handed, "pop_kv_settings": None, "pop_kv_variant": "full"}
+    assert prefix.extra_key(request(stock), 0, 32) is None  # a stock prefill's K/V stays stock
+    prefix.use(PopSettings())
