@@ -174,6 +174,11 @@ class DecoderAdapter:
         """Fitted K projections registered for layer i (call counters count them as k_proj)."""
         return [e.maps[i][0] for e in self.kv_maps.values() if i in e.maps]
 
+    def rotary_module(self) -> torch.nn.Module:
+        """The rotary embedding, called once per chunk of positions the stack runs (per layer type
+        on Gemma-3) with that chunk's position ids: a hook on it learns which positions run."""
+        return self.base.rotary_emb
+
     def input_norm(self, i: int) -> torch.nn.Module:
         return self.layers[i].input_layernorm
 
