@@ -175,8 +175,7 @@ class DecoderAdapter:
         return [e.maps[i][0] for e in self.kv_maps.values() if i in e.maps]
 
     def rotary_module(self) -> torch.nn.Module:
-        """The rotary embedding, called once per chunk of positions the stack runs (per layer type
-        on Gemma-3) with that chunk's position ids: a hook on it learns which positions run."""
+        """The rotary embedding: called with each chunk's position ids (hooks learn what runs)."""
         return self.base.rotary_emb
 
     def input_norm(self, i: int) -> torch.nn.Module:
