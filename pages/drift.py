@@ -3,7 +3,7 @@ import streamlit as st
 
 from dashboard.charts import drift as drift_charts
 from dashboard.panels import drift_runs, exports, kv_repair, widgets
-from dashboard.panels.example_prompts import EXAMPLES
+from pop_analysis.data.example_prompts import EXAMPLES
 from dashboard.session import jobs, state
 from pop_analysis.engine.generate import encode
 from pop_analysis.engine.skipset import describe

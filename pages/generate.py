@@ -7,7 +7,7 @@ import torch
 from dashboard.charts import generate as generate_charts
 from dashboard.charts import layers as layer_charts
 from dashboard.panels import exports, generate_lens, generate_speed, kv_repair, widgets
-from dashboard.panels.example_prompts import EXAMPLES
+from pop_analysis.data.example_prompts import EXAMPLES
 from dashboard.panels.generate_stream import (
     agreement,
     output_html,

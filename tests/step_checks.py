@@ -53,7 +53,7 @@ def assert_flops_and_frames(rec, shape, skip) -> None:
     assert abs(by[("full", "prefill")]["flops"] / full_prefill_flops(shape, n) - 1) < 1e-9
     pop = by[("pop", "prefill")]["flops"] + by[("pop", "boundary")]["flops"]
     assert abs(pop / pop_prefill_flops(shape, n, skip) - 1) < 1e-9
-    titles = [f["title"] for f in frames(rec)]
+    titles = [f["title"] for f in frames(rec.steps)]
     assert titles[0].startswith("Full model: prefill") and titles[2].startswith("POP: boundary")
     assert len(titles) == 3 + rec.config["decode_steps"]
     assert by[("pop", "boundary")]["top"][0][0] == by[("pop", "boundary")]["token"][0]

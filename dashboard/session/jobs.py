@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import streamlit as st
-import torch
 
 from dashboard.session import state
 from dashboard.session.resources import locked
@@ -42,6 +41,7 @@ class Job:
     seconds: float | None = None  # wall time once finished
     thread: threading.Thread | None = None
     context: dict = field(default_factory=dict)  # the settings it was started with
+    model: str | None = None  # the model it runs on: its result is that model's
 
     @property
     def running(self) -> bool:
@@ -67,8 +67,8 @@ def running(name: str) -> bool:
 
 def start(name: str, label: str, fn: Callable, on_done: Callable, context: dict | None = None) -> Job:
     """Run fn(progress) on a worker thread under the model's run lock; returns the Job."""
-    job = Job(name, label, on_done, context=dict(context or {}))
     key = state.model_spec().key
+    job = Job(name, label, on_done, context=dict(context or {}), model=key[0])
 
     def wait() -> None:
         job.waiting = True
@@ -176,15 +176,18 @@ def outcome(job: Job, key: str, what: str, oom_hint: str, finished, done) -> tup
             return "warning", f"{what}: cancelled after {duration(job.seconds)}; nothing had finished."
         kept = finished(part)
         state.keep_result(key, part, {**job.context,
-                                      "partial": f"cancelled; {kept} finished (not stored)"})
+                                      "partial": f"cancelled; {kept} finished (not stored)"},
+                          job.model)
         return "warning", (f"{what}: cancelled after {duration(job.seconds)}; showing the {kept} "
                            "that finished (not stored).")
     if job.error is not None:
+        import torch
+
         if isinstance(job.error, torch.OutOfMemoryError):
             return "error", f"{what}: out of memory; {oom_hint}"
         return "error", f"{what} failed: {first_line(job.error)}"
     result, hit = job.result
-    state.keep_result(key, result, job.context)
+    state.keep_result(key, result, job.context, job.model)
     if hit:
         return "success", f"{what}: loaded from the results store."
     return "success", f"{what}: {done(result)}; stored for next time."

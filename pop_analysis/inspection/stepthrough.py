@@ -20,7 +20,9 @@ import torch
 from pop_analysis.engine.counters import count_calls
 from pop_analysis.engine.pop import PromptError, decode_step, run_prompt
 from pop_analysis.engine.skipset import validate
+from pop_analysis.inspection.step_frames import frames  # noqa: F401 - part of this module's API
 from pop_analysis.inspection.step_log import log_positions
+from pop_analysis.progress import Tracker
 from pop_analysis.speed.bench import device_clock
 from pop_analysis.speed.flops import full_prefill_flops, ideal_speedup
 from pop_analysis.speed.roofline import chunk_ops, embed_ops, head_ops, total_flops
@@ -163,7 +165,7 @@ def _timed(lm, t: torch.Tensor, run: str, skip, decode_steps: int, clock) -> lis
     return prompt + [b - a for a, b in zip(ends, ends[1:])]
 
 
-def time_steps(lm, ids: list[int], skip, cfg: StepConfig) -> tuple[dict, dict]:
+def time_steps(lm, ids: list[int], skip, cfg: StepConfig, tracker=None) -> tuple[dict, dict]:
     """({run: per step, seconds per round}, the protocol's verdict on the TTFTs)."""
     t = torch.tensor([ids], device=lm.adapter.device)  # (1, N)
     clock = device_clock(lm.device)
@@ -178,6 +180,9 @@ def time_steps(lm, ids: list[int], skip, cfg: StepConfig) -> tuple[dict, dict]:
                 times[run].append(got)
         if r:
             first.append("full" if order[0] == "full" else "variant")
+        if tracker is not None:
+            tracker.step(1, f"timing round {r} of {cfg.rounds}" if r else "warm-up",
+                         kind="timing", weight=2)
     wall, after = clock() - t0, other_cpu_seconds()
     other = None if before is None or after is None else max(0.0, after - before) / wall
     n_prompt = {run: len(times[run][0]) - cfg.decode_steps for run in RUNS}
@@ -205,7 +210,8 @@ def step_flops(shape, step: dict, n_prompt: int) -> float:
     return total_flops(ops)
 
 
-def record(lm, ids: list[int], skip, cfg: StepConfig = StepConfig(), prompt: str = "") -> StepThrough:
+def record(lm, ids: list[int], skip, cfg: StepConfig = StepConfig(), prompt: str = "",
+           progress=None) -> StepThrough:
     """The step-through of `ids` (MIN_TOKENS..MAX_TOKENS tokens) with skip set `skip`."""
     t0 = time.perf_counter()
     n_layers = lm.adapter.n_layers
@@ -213,10 +219,13 @@ def record(lm, ids: list[int], skip, cfg: StepConfig = StepConfig(), prompt: str
     if not MIN_TOKENS <= len(ids) <= MAX_TOKENS:
         raise PromptError(f"the step-through takes {MIN_TOKENS}-{MAX_TOKENS} tokens, got {len(ids)}")
     steps, lengths = [], {}
+    tracker = Tracker(len(RUNS) + 1 + cfg.rounds, progress, "recording",
+                      plan={"recording": len(RUNS), "timing": 2 * (1 + cfg.rounds)})
     for run in RUNS:
         got, lengths[run] = trace(lm, ids, run, skip, cfg)
         steps += got
-    times, ttft = time_steps(lm, ids, skip, cfg)
+        tracker.step(1, f"recorded the {run} run", kind="recording")
+    times, ttft = time_steps(lm, ids, skip, cfg, tracker)
     shape = lm.adapter.shape
     for run in RUNS:
         own = [s for s in steps if s["run"] == run]
@@ -235,32 +244,6 @@ def record(lm, ids: list[int], skip, cfg: StepConfig = StepConfig(), prompt: str
         dtype=str(lm.dtype).replace("torch.", ""), seconds=time.perf_counter() - t0)
 
 
-# --- what the page shows, in order ------------------------------------------------------------
-
-TITLES = {("full", "prefill"): "Full model: prefill (every layer, every prompt token)",
-          ("pop", "prefill"): "POP: pruned prefill (skipped layers only project K/V)",
-          ("pop", "boundary"): "POP: boundary step (x_N through the full model)"}
-
-
-def frames(rec: StepThrough) -> list[dict]:
-    """The sequence a class steps through: the full model's prefill, POP's pruned prefill, its
-    boundary step, then each decode step (POP's grid; the full model runs the same layers).
-    Each frame: title, the step it draws ("shown"), and the step of the other run at the same
-    point when there is one ("beside")."""
-    by = {(s["run"], s["stage"]): s for s in rec.steps}
-    out = [{"title": TITLES[("full", "prefill")], "shown": by[("full", "prefill")], "beside": None},
-           {"title": TITLES[("pop", "prefill")], "shown": by[("pop", "prefill")], "beside": None}]
-    if ("pop", "boundary") in by:
-        out.append({"title": TITLES[("pop", "boundary")], "shown": by[("pop", "boundary")],
-                    "beside": by[("full", "prefill")]})
-    j = 1
-    while ("pop", f"decode {j}") in by:
-        out.append({"title": f"Decode step {j}: every layer, attention reads the whole cache",
-                    "shown": by[("pop", f"decode {j}")], "beside": by.get(("full", f"decode {j}"))})
-        j += 1
-    return out
-
-
 # --- results store ----------------------------------------------------------------------------
 
 def cache_params(lm, ids, skip, cfg: StepConfig) -> dict:
@@ -269,7 +252,8 @@ def cache_params(lm, ids, skip, cfg: StepConfig) -> dict:
 
 
 def cached_stepthrough(lm, ids, skip, cfg: StepConfig = StepConfig(), prompt: str = "",
-                       use_cache: bool = True, notice=None) -> tuple[StepThrough, bool]:
+                       use_cache: bool = True, notice=None,
+                       progress=None) -> tuple[StepThrough, bool]:
     """(result, was_cache_hit): a stored step-through that passes the record checks, or a new one."""
     params = cache_params(lm, ids, skip, cfg)
     key = store.make_key(params)
@@ -278,6 +262,6 @@ def cached_stepthrough(lm, ids, skip, cfg: StepConfig = StepConfig(), prompt: st
                                 {"model": lm.name, "prompt_ids": list(ids)}, notice)
         if hit is not None:
             return hit, True
-    rec = record(lm, ids, skip, cfg, prompt)
+    rec = record(lm, ids, skip, cfg, prompt, progress)
     store.save_or_warn(KIND, key, rec.to_dict(), params, notice)
     return rec, False

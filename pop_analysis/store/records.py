@@ -343,8 +343,29 @@ def _ints(xs, where: str, lo: int, hi: int) -> None:
         raise RecordError(f"{where} is {_short(xs)}, not integers in {lo}..{hi}")
 
 
+def _generation(d: dict, n_layers: int | None, expect: dict) -> None:
+    _ints(d["prompt_ids"], "prompt_ids", 0, 2 ** 40)
+    _ints(d["skip_layers"], "skip_layers", 0, 2 ** 20)
+    for side in ("full", "other"):
+        run = d[side]
+        if not isinstance(run, dict):
+            raise RecordError(f"{side} is {_short(run)}, not a run")
+        _ints(run.get("token_ids"), f"{side}.token_ids", 0, 2 ** 40)
+        numbers(run.get("times"), f"{side}.times")
+        _length(run["times"], len(run["token_ids"]), f"{side}.times")
+        counts = run.get("counts")
+        if not isinstance(counts, dict):
+            raise RecordError(f"{side}.counts is {_short(counts)}, not counts by stage")
+        for stage, kinds in counts.items():
+            for kind, per_layer in (kinds.items() if isinstance(kinds, dict) else [(None, None)]):
+                _ints(per_layer, f"{side}.counts.{stage}.{kind}", 0, 10 ** 6)
+                if n_layers is not None:
+                    _length(per_layer, n_layers, f"{side}.counts.{stage}.{kind}")
+
+
 _SHAPES = {"calibration": _calibration, "drift": _drift, "sweep": _sweep,
-           "drift_by_length": _drift_by_length, "stepthrough": _stepthrough}
+           "drift_by_length": _drift_by_length, "stepthrough": _stepthrough,
+           "generation": _generation}
 
 
 def _short(v, limit: int = 40) -> str:
