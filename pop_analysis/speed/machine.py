@@ -5,7 +5,10 @@ cache/machine/rates.json. The matmul rate is measured at several row counts on a
 model's FFN shape (hidden x intermediate): a CPU's kernels reach a fraction of their peak on a
 32-row matmul, so one peak number would call a 32-token prefill compute-bound at a speed no
 implementation here attains. The bandwidth is the best of streaming a buffer far larger than the
-last-level cache (a read-only sum, and a copy counted as read + write).
+last-level cache (a read-only sum, and a copy counted as read + write). Rates measured while other
+processes used the CPU are not kept: on this project's shared machine a busy measurement read a
+quarter of the quiet bandwidth, and cached, it made every later roofline ideal wrong (Gemma's
+short prompts: 1.00x, where the quiet rates give the 1.2-1.3x the run reaches).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class Rates:
     bytes_per_s: float  # best streaming memory bandwidth
     key: str  # what they were measured for
     measured_at: float = 0.0  # unix time
+    busy: bool = False  # other processes competed during the measurement (not cached)
 
     def flops_at(self, rows: int) -> float:
         """Matmul rate at `rows` rows: log-linear between measured counts, clamped at the ends."""
@@ -113,8 +117,14 @@ def machine_rates(device="cpu", dtype=None, threads: int | None = None,
     hit = None if refresh else _from_entry(_read_all().get(key), key)
     if hit is not None:
         return hit
+    before, t0 = _others(), time.perf_counter()
     flops = tuple(matmul_rate(device, dtype, shape, r) for r in ROWS)
-    rates = Rates(ROWS, flops, bandwidth(device), key, time.time())
+    bw = bandwidth(device)
+    after, wall = _others(), time.perf_counter() - t0
+    busy = None not in (before, after) and (after - before) / max(wall, 1e-9) > BUSY_CORES
+    rates = Rates(ROWS, flops, bw, key, time.time(), busy)
+    if busy:  # another process's work in these rates would stay in every roofline: measure again
+        return rates
     data = _read_all()
     data[key] = {"rows": list(rates.rows), "flops_per_s": list(rates.flops_per_s),
                  "bytes_per_s": rates.bytes_per_s, "measured_at": rates.measured_at}
@@ -123,6 +133,15 @@ def machine_rates(device="cpu", dtype=None, threads: int | None = None,
     except OSError:
         pass  # a read-only cache: measure again next time
     return rates
+
+
+BUSY_CORES = 0.5  # other processes' CPU use (cores) during a measurement that spoils it
+
+
+def _others() -> float | None:
+    from pop_analysis.speed.timing import other_cpu_seconds
+
+    return other_cpu_seconds()
 
 
 def _best(fn, device, min_s: float, reps: int = 3) -> float:
