@@ -5,8 +5,8 @@ import streamlit as st
 
 from dashboard.charts import sweeps as sweep_charts
 from dashboard.charts.overlays import overlay_sweeps
-from dashboard.panels import exports, generate_speed, kv_repair, model_compare, widgets
-from dashboard.session import cached, jobs, state
+from dashboard.panels import exports, generate_speed, kv_repair, model_compare, presenter, widgets
+from dashboard.session import cached, classmode, jobs, state
 from pop_analysis.data.allowed_paths import check_source
 from pop_analysis.errors import first_line
 from pop_analysis.experiments import sweep as sw
@@ -89,6 +89,7 @@ else:
     st.subheader(f"{KINDS.get(res.kind, res.kind)} — {res.model}")
     st.caption(f"{res.data} · {res.device} · {res.threads} threads · {res.seconds:.0f} s")
     widgets.made_from(state.SWEEP, now, "Run sweep")
+    classmode.offer_back("sweep", lm.name, lm.adapter.n_layers)
     for note in res.notes or []:  # fewer items than asked for, or too few for intervals
         st.info(note)
     rows = res.rows
@@ -106,17 +107,17 @@ else:
             paper.update(quality=[v / 100 for v in t4["GSM8K"]], quality_name="GSM8K")
         fig = overlay_sweeps(sweep_charts.ratio_chart(rows, quality, paper), overlays, "skip_ratio",
                              quality)
-        st.plotly_chart(fig, key="sw.ratio")
+        presenter.plot(fig, key="sw.ratio")
     elif res.kind == "length" and rows:
         paper = {m: {"length": t2["lengths"], "speedup": v} for m, v in t2["rows"].items()}
         fig = overlay_sweeps(sweep_charts.length_chart(rows, paper), overlays, "length")
-        st.plotly_chart(fig, key="sw.length")
+        presenter.plot(fig, key="sw.length")
     elif res.kind == "ablation" and rows:
         metrics = [m for m in ("continuation_nll", "next_token_kl", "retrieval_acc", "exact_match")
                    if any(r.get(m) is not None for r in rows)]
         quality = st.radio("Quality metric", metrics, horizontal=True, key="sw.metric")
         fig = sweep_charts.quality_chart(rows, quality)
-        st.plotly_chart(fig, key="sw.quality")
+        presenter.plot(fig, key="sw.quality")
     if overlays and res.kind != "ablation":
         st.caption(f"Overlaid: {len(overlays)} stored sweep(s) as dashed (speedup) and dotted "
                    "(quality) lines.")

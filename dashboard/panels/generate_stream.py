@@ -18,10 +18,9 @@ def repeats(ids: list[int], longest: int = 6, times: int = 3) -> bool:
     """Whether some run of 1..`longest` tokens repeats `times` times back to back (at least four
     tokens in all): the loop a drifted cache can fall into ("Goldsboro Goldsboro ...")."""
     for n in range(1, longest + 1):
-        if n * times < 4:
-            continue
-        for i in range(len(ids) - n * times + 1):
-            if all(ids[i + k * n:i + (k + 1) * n] == ids[i:i + n] for k in range(1, times)):
+        k = max(times, -(-4 // n))  # a single token must come four times
+        for i in range(len(ids) - n * k + 1):
+            if all(ids[i + j * n:i + (j + 1) * n] == ids[i:i + n] for j in range(1, k)):
                 return True
     return False
 

@@ -17,6 +17,7 @@ from dashboard.charts import drift as drift_charts
 from dashboard.charts import stepthrough as step_charts
 from dashboard.session import state
 from pop_analysis.engine.skipset import describe
+from pop_analysis.experiments.paper import PAPER_DRIFT
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
 h1{margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
@@ -90,10 +91,14 @@ def _fmt(v) -> str:
 
 
 def _calibration(r, fig) -> str:
+    from pop_analysis.quality.stats import mean_halfwidths  # scipy: only when a report is made
+
     return (f"<h2>Calibration: {_e(r.dataset)}, {r.n_samples} samples</h2>"
             "<p>Importance of each layer's virtual gate, separately for prefill and decode "
             "positions. Layers with low prefill importance are those POP can skip.</p>"
-            + fig(calibrate_charts.importance_chart(r.prefill, r.decode, r.prefill_std, r.decode_std)))
+            + fig(calibrate_charts.importance_chart(
+                r.prefill, r.decode, mean_halfwidths(r.prefill_std, r.n_samples),
+                mean_halfwidths(r.decode_std, r.n_samples))))
 
 
 def _generation(g, fig) -> str:
@@ -112,7 +117,7 @@ def _drift(r, fig) -> str:
     return (f"<h2>Drift: {r.prompt_tokens} prompt tokens, skipped {_e(describe(r.skip_layers))}</h2>"
             "<p>Cosine similarity of POP's hidden states, K and V cache entries (prompt tokens) "
             "and decode-time attention outputs to the full model's.</p>"
-            + fig(drift_charts.drift_curves(d, r.skip_layers)) + fig(drift_charts.decode_steps_chart(r.kl, r.top1_agree)))
+            + fig(drift_charts.drift_panels(d, r.skip_layers, reference=PAPER_DRIFT)) + fig(drift_charts.decode_steps_chart(r.kl, r.top1_agree)))
 
 
 def _drift_b(r, fig) -> str:

@@ -109,7 +109,7 @@ def test_every_page_in_a_real_browser(server, browser_page):
     visible(page, done, "the second calibration's note", timeout_s=300)
     idle(page)
     listing = page.get_by_text(re.compile(r"Stored calibrations \(2\)"))
-    toggle = page.get_by_text("Spread bands (±1 std)")
+    toggle = page.get_by_text("95% interval bands")
     end = time.time() + 60
     while not listing.count():  # the store listing is cached for 3 s: rerun (a toggle, flipped
         assert time.time() < end, "the store listing never showed both runs"  # back) until then
