@@ -139,8 +139,13 @@ def _live(name: str) -> None:
 
 
 def fraction(job: Job) -> float:
-    p = job.monitor.snapshot()[0]
-    return min(max(p.fraction, 0.0), 1.0) if p is not None else 0.0
+    """How far the run is: by time once the rest can be estimated, by units before."""
+    p, elapsed, eta = job.monitor.snapshot()
+    if p is None:
+        return 0.0
+    if eta is None:
+        return min(max(p.fraction, 0.0), 1.0)
+    return min(max(elapsed / (elapsed + eta), 0.0), 1.0) if elapsed + eta > 0 else 1.0
 
 
 def status(job: Job) -> str:
@@ -152,7 +157,7 @@ def status(job: Job) -> str:
         return f"{job.label}: stopping at the next step ..."
     text = f"{job.label}: {duration(elapsed)} so far"
     if p is not None:
-        text += f" · {p.done} of {p.total} steps · {describe_eta(eta, p.unmeasured)}"
+        text += f" · {describe_eta(eta, p.unmeasured)}"
         if p.message:
             text += f" · now: {p.message}"
     return text
