@@ -65,10 +65,8 @@ if entries:
         key = a.selectbox("Show as the main result", list(labels), format_func=labels.get,
                           key="cal.stored")
         if b.button("Load", key="cal.load"):
-            res = cached.load_result(cal.KIND, key, cal.CalibrationResult)
-            if res is None:
-                st.error("That entry is missing or unreadable; run the calibration again.")
-            else:
+            res = cached.load_result(cal.KIND, key, cal.CalibrationResult, "Run the calibration again.")
+            if res is not None:
                 state.keep_result(state.CALIBRATION, res, {"stored": labels[key]})
         st.button("Same chart for both embedded models", key="cal.models",
                   on_click=lambda: st.session_state.update({model_compare.MODELS_SHOWN: True}),

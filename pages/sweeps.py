@@ -70,9 +70,7 @@ if entries:
     key = c[0].selectbox("Stored sweeps", list(by_key), format_func=label_of, key="sw.stored")
     if c[1].button("Load", key="sw.load"):
         res = cached.load_result("sweep", key, sw.SweepResult)
-        if res is None:
-            st.error("That entry is missing or unreadable.")
-        else:
+        if res is not None:
             state.keep_result(state.SWEEP, res, {"stored": label_of(key)})
     st.multiselect("Overlay stored sweeps of the same kind on the chart", list(by_key),
                    format_func=label_of, key=state.kept("sw.overlay", [], list(by_key)),

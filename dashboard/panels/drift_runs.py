@@ -57,9 +57,7 @@ def stored_runs() -> None:
         for col, target, name in ((a, state.DRIFT, "A"), (b, state.DRIFT_B, "B")):
             if col.button(f"Show as {name}", key=f"drift.load.{name}"):
                 loaded = cached.load_result(dr.KIND, pick, dr.DriftResult)
-                if loaded is None:
-                    st.error("That entry is missing or unreadable.")
-                else:
+                if loaded is not None:
                     state.keep_result(target, loaded, {"stored": _label(by_key[pick])})
                     st.rerun()
 

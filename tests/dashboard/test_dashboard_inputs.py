@@ -129,8 +129,8 @@ def test_loading_a_bad_stored_calibration_warns_and_keeps_the_page(embedded, cac
     at = goto(app(), "calibrate")
     at.button(key="cal.load").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    assert "prefill has 5 entries, expected 30" in texts(at.warning)
-    assert "missing or unreadable" in texts(at.error)
+    assert "prefill has 5 entries, expected 30" in texts(at.error)
+    assert len(at.error) == 1 and not at.warning, "the reason once, not a warning and an error"
     at.run()  # and on the next rerun
     assert not at.exception
 
