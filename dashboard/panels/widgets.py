@@ -71,19 +71,23 @@ def model_form() -> None:
     if refused:
         side.error(refused)
     if SOURCES[source] in REGISTRY:
+        if st.session_state.get(state.UNLOADED):
+            side.button("Load model", key="w.load", on_click=_on_choice, width="stretch")
         return
     with side.form("model_form", border=False):
         name = st.text_input("Hub id or directory", key="w.model_name",
                              placeholder="Qwen/Qwen3-0.6B or /path/to/model")
         submitted = st.form_submit_button("Load model", width="stretch")
-    if submitted:
+    if submitted:  # a typed model is loaded before it replaces the current one
         st.session_state.pop(state.LINK_ERROR, None)
         try:
             spec = _spec_from_form(source, name, device, dtype)
+            loading.clear(*spec.key)  # a failed load of the same spec is tried again
+            with side, st.spinner(f"Loading {spec.name} ..."):
+                loading(*spec.key).wait()
         except LOAD_ERRORS as e:
             side.error(f"Model not loaded: {e}")
             return
-        loading.clear(*spec.key)  # a failed load of the same spec is tried again
         state.set_model_spec(spec)
         st.session_state[state.UNLOADED] = False
 

@@ -162,11 +162,15 @@ def test_empty_skip_set_reads_about_one_and_re_measures():
     assert again is not speed and again.timing.rounds >= 3
 
 
-def test_empty_prompt_is_an_error_not_a_crash():
+def test_generate_opens_with_a_prompt_and_an_empty_box_waits_for_one():
+    from pop_analysis.data.example_prompts import SHORT
+
     at = goto(app(), "generate")
-    at.button(key="gen.go").click().run()
-    assert not at.exception
-    assert "the prompt is empty" in texts(at.error)
+    assert at.text_area(key="gen.prompt").value == SHORT, "a prompt to start from"
+    assert not at.button(key="gen.go").disabled
+    at.text_area(key="gen.prompt").set_value("   ").run()
+    assert not at.exception and not at.error, "an empty box is not an error"
+    assert at.button(key="gen.go").disabled
 
 
 def test_drift_page_draws_the_curves():
@@ -218,7 +222,7 @@ def test_unknown_model_keeps_the_previous_one():
 
     at = app()
     loads = len(load_log())
-    at.radio(key="w.model_source").set_value("Local directory")
+    at.radio(key="w.model_source").set_value("Local directory").run()  # the name box appears
     at.text_input(key="w.model_name").set_value("/nonexistent/model_dir")
     at.sidebar.button[0].click().run()  # the form's submit button
     assert not at.exception
@@ -236,6 +240,6 @@ def test_unload_then_load_again():
     at.button(key="w.unload").click().run()
     assert not at.exception
     assert "No model is loaded" in texts(at.info)
-    at.sidebar.button[0].click().run()  # Load model (embedded)
+    at.button(key="w.load").click().run()  # Load model (embedded)
     assert not at.exception
     assert charts(at) and len(load_log()) == loads + 1
