@@ -192,7 +192,7 @@ def test_a_links_refusal_reads_the_same_for_a_missing_and_an_existing_path(outsi
 def test_the_model_box_refuses_with_the_links_words(outside_model):
     model, _ = outside_model
     at = AppTest.from_file(APP, default_timeout=300).run()
-    at.radio(key="w.model_source").set_value("Local directory")
+    at.radio(key="w.model_source").set_value("Local directory").run()  # the name box appears
     at.text_input(key="w.model_name").set_value(str(model))
     next(b for b in at.button if b.label == "Load model").click().run()
     assert loads_of(str(model)) == []
