@@ -1,9 +1,10 @@
 """This machine's matmul rates and memory bandwidth, measured once and cached, for the roofline.
 
 About a second of measurement per (CPU model, threads, dtype, device, weight shape), kept in
-cache/machine/rates.json. The matmul rate is measured at several row counts on a weight of the
-model's FFN shape (hidden x intermediate): a CPU's kernels reach a fraction of their peak on a
-32-row matmul, so one peak number would call a 32-token prefill compute-bound at a speed no
+cache/machine/rates.json. The matmul rate is measured at several row counts on weights of the
+model's FFN shape (hidden x intermediate), cycling through more of them than the caches hold, as a
+model's layers meet their weights: a CPU's kernels reach a fraction of their peak on a 32-row
+matmul, so one peak number would call a 32-token prefill compute-bound at a speed no
 implementation here attains. The bandwidth is the best of streaming a buffer far larger than the
 last-level cache (a read-only sum, and a copy counted as read + write). Rates measured while other
 processes used the CPU are not kept: on this project's shared machine a busy measurement read a
@@ -70,7 +71,7 @@ def rates_key(device, dtype, threads: int, shape: tuple[int, int]) -> str:
     dev = torch.device(device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     return (f"{cpu_model()} | {threads} threads | {str(dtype).replace('torch.', '')} | {name} | "
-            f"weight {shape[0]}x{shape[1]}")
+            f"weight {shape[0]}x{shape[1]} | cold")
 
 
 def _path():
@@ -160,16 +161,30 @@ def _best(fn, device, min_s: float, reps: int = 3) -> float:
     return best
 
 
+COLD_BYTES = 128 * 2 ** 20  # weights cycled through per matmul measurement: beyond any cache
+
+
 def matmul_rate(device, dtype, shape: tuple[int, int], rows: int, min_s: float = 0.05) -> float:
-    """FLOP/s of (rows, hidden) @ (hidden, intermediate)^T, as a linear layer runs it."""
+    """FLOP/s of (rows, hidden) @ (hidden, intermediate)^T, as a linear layer runs it: each call
+    on the next of several weights that together exceed the caches. A model's layers never find
+    their weights in cache; one weight timed again and again does (a 640 x 2048 fp32 weight is 5
+    MB), and read 2-4x the rate a layer gets at 1-16 rows on this project's machine."""
     import torch
 
     dev = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     w = torch.randn(shape[1], shape[0], generator=g).to(device=dev, dtype=dtype)  # (I, D)
+    copies = max(1, -(-COLD_BYTES // (w.numel() * w.element_size())))
+    ws = [w] + [w.clone() for _ in range(copies - 1)]  # COLD_BYTES of weights, (I, D) each
     x = torch.randn(rows, shape[0], generator=g).to(device=dev, dtype=dtype)  # (M, D)
+    turn = [0]
+
+    def call():
+        turn[0] += 1
+        return torch.nn.functional.linear(x, ws[turn[0] % copies])  # (M, I)
+
     with torch.inference_mode():
-        dt = _best(lambda: torch.nn.functional.linear(x, w), dev, min_s)  # (M, I)
+        dt = _best(call, dev, min_s)
     return 2.0 * rows * shape[0] * shape[1] / dt
 
 

@@ -107,7 +107,7 @@ def test_machine_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(machine, "_others", lambda: None)  # no probe: never busy
     first = machine_rates("cpu", torch.float32, 2, (64, 128))
     assert first.bytes_per_s == 5e9 and first.flops_at(4096) == 1e9 * 4096
-    assert "2 threads | float32 | cpu | weight 64x128" in first.key
+    assert "2 threads | float32 | cpu | weight 64x128 | cold" in first.key
 
     def measured(*a, **k):
         raise AssertionError("measured again")
@@ -166,3 +166,17 @@ def test_rates_measured_on_a_busy_machine_are_not_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(machine, "_others", lambda: 0.0)
     assert not machine_rates("cpu", torch.float32, 2, (64, 128)).busy
     assert (tmp_path / "machine" / "rates.json").exists()
+
+
+def test_the_matmul_rate_is_timed_on_weights_beyond_the_caches(monkeypatch):
+    import torch
+
+    import pop_analysis.speed.machine as machine
+
+    seen = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w: seen.append(w.data_ptr()) or real(x, w))
+    monkeypatch.setattr(machine, "COLD_BYTES", 64 * 128 * 4 * 3)  # three weights' worth
+    assert machine.matmul_rate("cpu", torch.float32, (64, 128), 4, min_s=0.0) > 0
+    assert len(seen) >= 4 and len(set(seen)) == 3, "every weight in turn"
+    assert all(a != b for a, b in zip(seen, seen[1:])), "never the same weight twice in a row"
