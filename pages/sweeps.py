@@ -131,6 +131,8 @@ else:
         paper = sw.paper_frame("table3").add_prefix("paper ")
         frame = frame.join(paper, on="variant")
     st.dataframe(generate_speed.sweep_table(frame, res.kind), hide_index=True, key="sw.table")
+    st.caption("The speedup is the median of per-round ratios (full and variant timed back to "
+               "back); ttft columns are each side's median: noisy rounds (flagged) can part them.")
     exports.offer("sweep", data=res.to_dict(), rows=rows, figures={"chart": fig} if fig else None)
 
 st.subheader("The paper's numbers")

@@ -41,8 +41,8 @@ def show(lm, res: dict, now: dict, out: dict) -> None:
                                                              name: other["times"]})}
     presenter.plot(figures["decode_pace"], key="gen.arrival")
     st.caption(f"Prompt: {res['prompt_tokens']} tokens. Decode runs every layer in both models, "
-               "so the two lines should run parallel; their gap is the noise of one streamed run. "
-               "The first token's time is the measured TTFT above, not this stream's.")
+               "so the two lines run parallel up to the noise of one streamed run each. The time "
+               "to the first token is the measured TTFT above.")
     generate_lens.explain(lm, res, name, first, figures)
     if not state.presenting():
         counts(res, figures)
