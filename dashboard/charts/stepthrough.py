@@ -45,24 +45,27 @@ def _short(piece: str, width: int = 9) -> str:
     return p if len(p) <= width else p[: width - 1] + "…"
 
 
+def _paint(z: list[list[int]], step: dict, full: int, kv: int) -> None:
+    """Mark the step's cells: positions run in full as `full`, projected K/V alone as `kv`."""
+    for i, row in enumerate(z):
+        for p in step["attention"][i]:
+            row[p] = full
+        for p in step["kv"][i]:
+            row[p] = kv
+
+
 def compute_cells(step: dict, n_layers: int, width: int) -> list[list[int]]:
     z = [[IDLE] * width for _ in range(n_layers)]
-    for i in range(n_layers):
-        for p in step["attention"][i]:
-            z[i][p] = RAN
-        for p in step["kv"][i]:
-            z[i][p] = KV
+    _paint(z, step, RAN, KV)
     return z
 
 
 def cache_cells(step: dict, earlier: list[dict], n_layers: int, width: int) -> list[list[int]]:
+    """Every cell a K/V was written to, by the steps before (faint) and this one."""
     z = [[EMPTY] * width for _ in range(n_layers)]
-    for s, (full, kv) in [(e, (OLD_FULL, OLD_KV)) for e in earlier] + [(step, (NEW_FULL, NEW_KV))]:
-        for i in range(n_layers):
-            for p in s["attention"][i]:
-                z[i][p] = full
-            for p in s["kv"][i]:
-                z[i][p] = kv
+    for e in earlier:
+        _paint(z, e, OLD_FULL, OLD_KV)
+    _paint(z, step, NEW_FULL, NEW_KV)
     return z
 
 
