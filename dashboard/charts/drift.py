@@ -40,7 +40,7 @@ def drift_panels(drift: dict, skip, only_skipped: bool = True, y_range=None,
         ref = (reference or {}).get(q)
         if ref is not None:
             fig.add_hline(y=ref[0], line=dict(color="#b00020", dash="dash", width=2), row=1, col=col,
-                          annotation_text=f"paper {ref[0]:.2f}", annotation_position="bottom left")
+                          annotation_text=f"paper {ref[0]:.2f}", annotation_position="bottom right")
     fig.update_xaxes(title="layer", dtick=2 if len(layers) > 12 else 1)
     fig.update_yaxes(tickformat=TICKS, range=y_range or drift_range(drift))
     fig.update_yaxes(title="cosine POP vs full", row=1, col=1)

@@ -35,7 +35,7 @@ def layer_strip(n_layers: int, skip, importance=None, label: str = "prefill impo
     # clickmode and dragmode are left to Streamlit: with point selection on it makes a click
     # select the point. Plotly drops click-to-select while the box tool is the drag mode, so the
     # box is a tool picked in the mode bar rather than the default drag.
-    return layout(fig, "Layer strip (crossed = skipped in prefill)", height=200)
+    return layout(fig, "Layer strip (crossed = skipped in prefill)", height=250)
 
 
 def call_counts_heatmap(counts: dict, title: str) -> go.Figure:
@@ -50,4 +50,5 @@ def call_counts_heatmap(counts: dict, title: str) -> go.Figure:
                                hovertemplate="layer %{x}, %{y}: %{z} calls<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="layer", dtick=1 if len(z[0] if z else []) <= 40 else 4)
-    return layout(fig, title, height=60 + 28 * max(len(rows), 1))
+    fig.update_yaxes(tickmode="array", tickvals=rows)  # every row named
+    return layout(fig, title, height=150 + 30 * max(len(rows), 1))

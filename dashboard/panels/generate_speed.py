@@ -85,7 +85,7 @@ def one_story(p: PrefillSpeed, name: str) -> str:
         text += (" ⚠ They disagree beyond the rounds' interquartile range: the rounds were "
                  "noisy, so neither is a measurement to quote.")
     if p.tokens < 64:
-        text += (f" At {p.tokens} tokens little can be gained: the embedding, lm_head and the "
+        text += (f" At {p.tokens} tokens the possible gain is small: the embedding, lm_head and the "
                  "boundary step's weight reads cost the same in both (the roofline ideal "
                  f"{p.roofline_speedup:.2f}× counts them).")
     if p.speedup > p.roofline_speedup * 1.1:
