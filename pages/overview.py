@@ -45,7 +45,7 @@ else:
     example, _ = classmode.stored(spec.name, "stepthrough", None, checked=False)
     if example is not None:
         p = example.payload
-        steps, about = p["steps"], example.caption()
+        steps, about = p["steps"], example.caption().replace("Stored example", "the stored example", 1)
         tokens, n_layers = p["tokens"], p["n_layers"]
 st.subheader("What runs where: POP's pruned prefill, recorded")
 figures = {}
