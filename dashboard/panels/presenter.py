@@ -62,7 +62,7 @@ COLLAPSE_JS = """<script>
 (function () {
   const side = document.querySelector('[data-testid="stSidebar"]');
   const button = document.querySelector('[data-testid="stSidebarCollapseButton"] button');
-  if (side && side.getAttribute("aria-expanded") === "true" && button) button.click();
+  if (side && side.getAttribute("data-collapsed") === "false" && button) button.click();
 })();
 </script>"""
 

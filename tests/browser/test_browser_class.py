@@ -20,8 +20,8 @@ PAGES = (("Step through", "Step through POP"), ("Calibrate", "Calibrate"),
 STEP = """() => { const m = document.body.innerText.match(/Step (\\d+) of (\\d+)/);
                    return m ? [Number(m[1]), Number(m[2])] : null; }"""
 FONT = "() => getComputedStyle(document.documentElement).fontSize"
-SIDEBAR_OPEN = """() => document.querySelector('[data-testid="stSidebar"]')
-                           ?.getAttribute('aria-expanded')"""
+SIDEBAR_COLLAPSED = """() => document.querySelector('[data-testid="stSidebar"]')
+                                ?.getAttribute('data-collapsed')"""
 
 
 def step_of(page) -> list[int]:
@@ -80,9 +80,16 @@ def test_a_class_on_a_fresh_store(server, browser_page):
     visible(page, page.locator(PLOT).first, "the presenter's step-through", timeout_s=120)
     idle(page)
     wait_for(page, "large type", f"() => ({FONT})() === '21px'")
-    wait_for(page, "the sidebar collapsed", f"() => ({SIDEBAR_OPEN})() === 'false'")
+    wait_for(page, "the sidebar collapsed", f"() => ({SIDEBAR_COLLAPSED})() === 'true'")
     assert step_of(page)[0] == 3 and not page.get_by_text("Download this page's data").count()
     shot(page, "class_3_presenter_boundary")
+    open_sidebar = page.locator('[data-testid="stExpandSidebarButton"]')
+    open_sidebar.click()  # the toggle, off again: the view returns, the sidebar stays open
+    toggle = page.get_by_text("Presenter's view")
+    visible(page, toggle, "the presenter toggle")
+    rerun(page, toggle.click, "the presenter's view off")
+    wait_for(page, "normal type", f"() => ({FONT})() === '16px'")
+    assert "present=1" not in page.url
     assert "Traceback" not in page.content()
     (SHOTS / "class_perf.json").write_text(json.dumps(perf, indent=1))
     print(json.dumps(perf, indent=1))
