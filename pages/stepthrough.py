@@ -24,7 +24,8 @@ lm = widgets.model_or_stop()
 n = lm.adapter.n_layers
 skip = state.skip_for(n)
 
-with st.container(border=True):
+box = st.expander("Record another prompt") if state.presenting() else st.container(border=True)
+with box:  # the presenter's view keeps the controls folded away
     c = st.columns([4, 1], vertical_alignment="bottom")
     prompt = c[0].text_input("Prompt (6-12 tokens read best; no chat template)",
                              key=state.kept("step.prompt", STEP))
