@@ -92,8 +92,9 @@ def frame(rec, f: dict) -> dict:
     m[1].metric("FLOPs of this step", f"{shown['flops'] / rec.full_prefill_flops:.1%}",
                 f"of the full prefill ({shown['flops'] / 1e6:.0f} MFLOP)", delta_color="off",
                 delta_arrow="off")
-    m[2].metric("K/V cells written", f"{written}", f"of {len(rec.tokens)} prompt tokens × "
-                f"{rec.n_layers} layers", delta_color="off", delta_arrow="off")
+    positions = sorted({q for part in ("attention", "kv") for row in shown[part] for q in row})
+    m[2].metric("K/V cells written", f"{written}", f"{len(positions)} position(s), each in every "
+                "layer that ran on it", delta_color="off", delta_arrow="off")
     who = "POP" if shown["run"] == "pop" else "full"
     m[3].metric(f"Time on this machine ({who})", f"{shown['time_ms']:.0f} ms",
                 f"median of {len(shown['times_ms'])} rounds" + (
