@@ -207,8 +207,8 @@ def test_sweeps_page_loads_a_stored_sweep_beside_the_paper(embedded):
     stored, _ = sw.cached_sweep(embedded, "ratio", cfg)
     at = goto(app(), "sweeps")
     assert "Sweeps are not available" not in texts(at.warning)
-    assert "No sweep shown yet" in texts(at.info)
-    assert len(at.dataframe) == 4, "the paper's four tables"
+    assert "Stored example: smollm2-135m · ratio sweep" in texts(at.info), "the page opens with it"
+    assert len(at.dataframe) == 4 + 2, "the paper's four tables, the example's two"
     at.button(key="sw.load").click().run()
     assert not at.exception and not at.error, texts(at.error)
     assert len(charts(at)) == 1, "speed vs quality chart"
