@@ -92,10 +92,11 @@ def model_form() -> None:
         st.session_state[state.UNLOADED] = False
 
 
-def current_model():
+def current_model(say_why: bool = True):
     """The shared model of the session's spec, or None: unloaded, failed (the reason shown in
-    the sidebar), not asked for yet or still loading (`model_loading()` says so). Never starts a
-    load: the page does (model_or_stop), once it has drawn what needs no model."""
+    the sidebar unless `say_why` is off: app.py says it once a run), not asked for yet or still
+    loading (`model_loading()` says so). Never starts a load: the page does (model_or_stop),
+    once it has drawn what needs no model."""
     if st.session_state.get(state.UNLOADED):
         return None
     lo = started(*state.model_spec().key)
@@ -104,7 +105,8 @@ def current_model():
     try:
         return lo.wait()
     except LOAD_ERRORS as e:
-        st.sidebar.error(f"Model not loaded: {e}")
+        if say_why:
+            st.sidebar.error(f"Model not loaded: {e}")
         return None
 
 
@@ -146,7 +148,7 @@ def model_panel(lm) -> None:
 def model_or_stop():
     """For pages: the shared model (waiting for a load under way, then drawing the page again
     so the sidebar shows it), or a note and stop when none is loaded."""
-    lm = current_model()
+    lm = current_model(say_why=False)  # the sidebar has said why already
     lo = model_loading(start=True) if lm is None else None
     if lo is not None:
         with st.spinner(f"Loading {lo.name} in the background ..."):
