@@ -95,7 +95,7 @@ def model_form() -> None:
 def current_model(say_why: bool = True):
     """The shared model of the session's spec, or None: unloaded, failed (the reason shown in
     the sidebar unless `say_why` is off: app.py says it once a run), not asked for yet or still
-    loading (`model_loading()` says so). Never starts a load: the page does (model_or_stop),
+    loading (the sidebar's panel says so). Never starts a load: the page does (model_or_stop),
     once it has drawn what needs no model."""
     if st.session_state.get(state.UNLOADED):
         return None
@@ -108,15 +108,6 @@ def current_model(say_why: bool = True):
         if say_why:
             st.sidebar.error(f"Model not loaded: {e}")
         return None
-
-
-def model_loading(start: bool = False):
-    """The Loading of the session's model while it is under way (started now when `start`),
-    else None."""
-    if st.session_state.get(state.UNLOADED):
-        return None
-    lo = (loading if start else started)(*state.model_spec().key)
-    return None if lo is None or lo.ready else lo
 
 
 def model_panel(lm) -> None:
@@ -149,11 +140,14 @@ def model_or_stop():
     """For pages: the shared model (waiting for a load under way, then drawing the page again
     so the sidebar shows it), or a note and stop when none is loaded."""
     lm = current_model(say_why=False)  # the sidebar has said why already
-    lo = model_loading(start=True) if lm is None else None
-    if lo is not None:
-        with st.spinner(f"Loading {lo.name} in the background ..."):
-            lo.thread.join()
-        st.rerun()
+    if lm is None and not st.session_state.get(state.UNLOADED):
+        key = state.model_spec().key
+        lo = started(*key)
+        if lo is None or not lo.ready:  # the sidebar drew this run without the model's outcome
+            lo = loading(*key)
+            with st.spinner(f"Loading {lo.name} in the background ..."):
+                lo.thread.join()
+            st.rerun()
     if lm is None:
         st.info("No model is loaded. Choose one in the sidebar to use this page.")
         st.stop()

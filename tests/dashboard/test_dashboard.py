@@ -243,3 +243,15 @@ def test_unload_then_load_again():
     at.button(key="w.load").click().run()  # Load model (embedded)
     assert not at.exception
     assert charts(at) and len(load_log()) == loads + 1
+
+
+def test_a_model_that_fails_to_load_is_said_once(temp_store):
+    from dashboard.session.state import ModelSpec
+
+    at = app()
+    missing = temp_store / "no_model_here"  # inside the allowed cache folder, but no model
+    at.session_state["lab.model"] = ModelSpec(str(missing))
+    goto(at, "generate")
+    said = [e for e in at.sidebar.error if "Model not loaded" in str(e.value)]
+    assert len(said) == 1, (texts(at.sidebar.error), texts(at.error), texts(at.info))
+    assert "No model is loaded" in texts(at.info), "the page says what to do, once"
