@@ -120,8 +120,8 @@ def _raw(lm) -> bool:
 
 
 def _drift(lm) -> None:
-    from pop_analysis.engine.generate import encode
     from pop_analysis.data.example_prompts import LONG
+    from pop_analysis.engine.generate import encode
     from pop_analysis.inspection.drift import DriftConfig, cached_drift
     from pop_analysis.progress import terminal_bar
 
@@ -139,8 +139,8 @@ def _sweep(lm) -> None:
 
 
 def _generation(lm) -> None:
-    from pop_analysis.engine.generate import SamplingConfig, encode
     from pop_analysis.data.example_prompts import SHORT
+    from pop_analysis.engine.generate import SamplingConfig, encode
     from pop_analysis.inspection.side_by_side import cached_generation
 
     ids = encode(lm, SHORT, raw=_raw(lm))

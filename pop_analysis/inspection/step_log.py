@@ -12,6 +12,7 @@ log and the engine's own counters describe the same run.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import partial
 
 from pop_analysis.engine.adapter import DecoderAdapter
 
@@ -58,6 +59,14 @@ class PositionLog:
         return {part: [sorted(p) for p in per_layer] for part, per_layer in out.items()}
 
 
+def _start(log: PositionLog, i: int, *_) -> None:
+    log.on_attention_start(i)
+
+
+def _part(log: PositionLog, part: str, i: int, *_) -> None:
+    log.on_part(part, i)
+
+
 @contextmanager
 def log_positions(adapter: DecoderAdapter, counts):
     """Record what each layer runs on which positions while the block runs; `counts` is the
@@ -65,13 +74,12 @@ def log_positions(adapter: DecoderAdapter, counts):
     log = PositionLog(counts)
     handles = [adapter.rotary_module().register_forward_pre_hook(log.on_rope, with_kwargs=True)]
     for i in range(adapter.n_layers):
-        hook = (lambda part, i: lambda *_: log.on_part(part, i))
         handles.append(adapter.attention(i).register_forward_pre_hook(
-            (lambda i: lambda *_: log.on_attention_start(i))(i)))
-        handles.append(adapter.attention(i).register_forward_hook(hook("attention", i)))
-        handles.append(adapter.ffn(i).register_forward_hook(hook("ffn", i)))
+            partial(_start, log, i)))
+        handles.append(adapter.attention(i).register_forward_hook(partial(_part, log, "attention", i)))
+        handles.append(adapter.ffn(i).register_forward_hook(partial(_part, log, "ffn", i)))
         for m in (adapter.k_proj(i), *adapter.kv_map_modules(i)):
-            handles.append(m.register_forward_hook(hook("kv", i)))
+            handles.append(m.register_forward_hook(partial(_part, log, "kv", i)))
     try:
         yield log
     finally:

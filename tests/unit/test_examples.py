@@ -3,6 +3,7 @@ record checks of its kind like any stored result, names what it is, and stays sm
 or unlisted file is refused with one line."""
 import json
 import shutil
+from functools import partial
 
 import pytest
 
@@ -33,7 +34,7 @@ def test_every_kind_ships_for_each_embedded_model_and_passes_the_record_checks(m
     assert set(LAYERS) == set(REGISTRY)
     for kind in ex.KINDS:
         notes = []
-        got = ex.load_example(model, kind, lambda p: check(kind, CLASSES[kind], p, LAYERS[model]),
+        got = ex.load_example(model, kind, partial(check, kind, CLASSES[kind], n_layers=LAYERS[model]),
                               notes.append)
         assert got is not None, f"{model}/{kind}: {notes}"
         assert got.label["model"] == model and got.payload.get("model") == model
@@ -55,8 +56,8 @@ def test_a_changed_or_unlisted_file_is_refused_in_one_line(tmp_path):
     path.write_text(json.dumps(entry))
     notes = []
     assert ex.load_example("smollm2-135m", "stepthrough", notice=notes.append, root=root) is None
-    assert notes == ["stored example smollm2-135m/stepthrough not used (its checksum is not the "
-                     "one in SHA256SUMS)"]
+    assert notes == [("stored example smollm2-135m/stepthrough not used (its checksum is not the "
+                      "one in SHA256SUMS)")]
     ex.write_checksums(root)  # listed again: now the record check decides
     entry["payload"]["steps"][0]["kv"] = [[0]]  # one layer's row where 30 belong
     path.write_text(json.dumps(entry))
