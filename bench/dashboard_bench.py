@@ -87,7 +87,7 @@ def browser_part(url: str, rounds: int) -> dict:
         page.get_by_test_id("stExpanderDetails").get_by_role("button", name="Load").click()
         idle(page)
         box = page.get_by_role("combobox", name="Overlay on the importance chart")
-        toggle = page.get_by_text("Spread bands (±1 std)")
+        toggle = page.get_by_text("95% interval bands")
         plain, over = [], []
         for _ in range(rounds):  # alternating: 0 overlays, 5 overlays
             plain.append(timed(page, toggle.click))

@@ -3,12 +3,13 @@ import streamlit as st
 
 from dashboard.charts import calibrate as calibrate_charts
 from dashboard.charts.overlays import importance_by_depth
-from dashboard.panels import exports, model_compare, widgets
-from dashboard.session import cached, jobs, state
+from dashboard.panels import exports, model_compare, presenter, widgets
+from dashboard.session import cached, classmode, jobs, state
 from pop_analysis.data.prompts import DatasetError
 from pop_analysis.errors import first_line
 from pop_analysis.importance import calibrate as cal
 from pop_analysis.progress import duration
+from pop_analysis.quality.stats import mean_halfwidths
 
 st.title("Calibrate: which layers matter for prefill vs decode")
 st.markdown("One virtual gate per layer and stage; importance = E[(dL/dg)²] over responses the "
@@ -64,10 +65,8 @@ if entries:
         key = a.selectbox("Show as the main result", list(labels), format_func=labels.get,
                           key="cal.stored")
         if b.button("Load", key="cal.load"):
-            res = cached.load_result(cal.KIND, key, cal.CalibrationResult)
-            if res is None:
-                st.error("That entry is missing or unreadable; run the calibration again.")
-            else:
+            res = cached.load_result(cal.KIND, key, cal.CalibrationResult, "Run the calibration again.")
+            if res is not None:
                 state.keep_result(state.CALIBRATION, res, {"stored": labels[key]})
         st.button("Same chart for both embedded models", key="cal.models",
                   on_click=lambda: st.session_state.update({model_compare.MODELS_SHOWN: True}),
@@ -76,7 +75,7 @@ if st.session_state.get(model_compare.MODELS_SHOWN):
     curves, missing = model_compare.calibration_curves(entries)
     if curves:
         share = st.toggle("As a share of each model's decode importance", key="cal.share", value=True)
-        st.plotly_chart(importance_by_depth(curves, share), key="cal.models_chart")
+        presenter.plot(importance_by_depth(curves, share), key="cal.models_chart")
     if missing:
         st.info(f"No stored calibration of {', '.join(missing)} yet: load it in the sidebar and run one.")
 
@@ -87,19 +86,23 @@ if res is None:
 
 st.subheader(f"Importance per layer — {res.model}, {res.dataset}, {res.n_samples} samples")
 widgets.made_from(state.CALIBRATION, now, "Run calibration")
+classmode.offer_back("calibration", lm.name, n)
 if res.n_layers != n:
     st.warning(f"This result is for a {res.n_layers}-layer model; the loaded model has {n}.")
 t = st.columns(3)
 log = t[0].toggle("Log scale", key=state.kept("cal.log", True))
-bands = t[1].toggle("Spread bands (±1 std)", key=state.kept("cal.bands", True))
+bands = t[1].toggle("95% interval bands", key=state.kept("cal.bands", True),
+                    help="the 95% interval of each layer's mean over the samples")
 influence = t[2].toggle("Block influence overlay", key=state.kept("cal.influence", False),
                         help="ShortGPT's 1 − cos(layer input, output), on the right axis")
 overlays = cached.calibration_overlays(state.value("cal.overlay", []), labels)
 skip = state.skip_for(n) if res.n_layers == n else ()
-fig = calibrate_charts.importance_chart(res.prefill, res.decode, res.prefill_std, res.decode_std,
+fig = calibrate_charts.importance_chart(res.prefill, res.decode,
+                                       mean_halfwidths(res.prefill_std, res.n_samples),
+                                       mean_halfwidths(res.decode_std, res.n_samples),
                               log=log, bands=bands, skip=skip, overlays=overlays,
                               block_influence=res.block_influence if influence else None)
-st.plotly_chart(fig, key="cal.chart")
+presenter.plot(fig, key="cal.chart")
 if overlays:
     st.caption(f"Overlaid: {len(overlays)} stored calibration(s), dotted = prefill, dashed = decode.")
 m = st.columns(4)

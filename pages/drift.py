@@ -2,9 +2,9 @@
 import streamlit as st
 
 from dashboard.charts import drift as drift_charts
-from dashboard.panels import drift_runs, exports, kv_repair, widgets
-from dashboard.panels.example_prompts import EXAMPLES
-from dashboard.session import jobs, state
+from dashboard.panels import drift_runs, exports, kv_repair, presenter, widgets
+from dashboard.session import classmode, jobs, state
+from pop_analysis.data.example_prompts import EXAMPLES, SHORT
 from pop_analysis.engine.generate import encode
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
@@ -16,7 +16,8 @@ st.title("Representation drift: POP vs full")
 st.markdown("Cosine similarity between POP and the full model per layer: hidden states and K/V cache "
             "entries of prompt tokens, and attention outputs of decode steps. The paper (Qwen3-VL, "
             "last 12 layers) sees hidden states fall to ≈0.71 and V entries to ≈0.46 while the "
-            "attention output stays above 0.96: attention absorbs the KV drift.")
+            "attention output stays above 0.96: attention absorbs the KV drift. Those values are "
+            "drawn as dashed red lines.")
 
 lm = widgets.model_or_stop()
 n = lm.adapter.n_layers
@@ -41,7 +42,8 @@ def outcome(key: str, what: str):
 with st.container(border=True):
     st.selectbox("Example", list(EXAMPLES), key="drift.example", on_change=use_example, index=None,
                  placeholder="pick an example (a long one shows more drift) ...")
-    prompt = st.text_area("Prompt", key=state.kept("drift.prompt", ""), height=110)
+    prompt = st.text_area("Prompt", key=state.kept("drift.prompt", state.value("gen.prompt", SHORT)),
+                          height=110, help="starts as the Generate page's prompt")
     variants = ["pop"] + (["pop_repair"] if kv_repair.stored_key(lm, skip) else [])
     variant = st.radio("Compare the full model with", variants, horizontal=True,
                        key=state.kept("drift.variant", "pop", variants),
@@ -52,7 +54,7 @@ with st.container(border=True):
     steps = c[0].number_input("Decode steps compared", 1, 64, key=state.kept("drift.steps", 8))
     raw = widgets.raw_box(c[1], lm, "drift.raw")
     go = c[2].button("Measure drift", type="primary", key="drift.go",
-                     disabled=jobs.running("drift"))
+                     disabled=jobs.running("drift") or not prompt.strip())
     cfg = dr.DriftConfig(decode_steps=int(steps))
     now = {"prompt": prompt, "variant": variant, "skip set": describe(skip),
            "decode steps": int(steps), "raw": raw}
@@ -78,9 +80,11 @@ if res is not None:
     d = res.to_dict()
     st.subheader(f"{res.model} · {res.prompt_tokens} prompt tokens · skipped {describe(res.skip_layers)}")
     widgets.made_from(state.DRIFT, now, "Measure drift")
+    classmode.offer_back("drift", lm.name, n)
     only = st.toggle("Only the skipped block (paper style)", key=state.kept("drift.only", True))
     figures["curves"] = drift_runs.curves_of(res, only)
-    st.plotly_chart(figures["curves"], key="drift.curves")
+    presenter.plot(figures["curves"], key="drift.curves")
+    drift_runs.departures(res)
     qty = st.radio("Heatmap of", ("hidden", "k", "v", "attn_out"), horizontal=True,
                    key=state.kept("drift.qty", "hidden"), format_func=drift_charts.COSINE_NAMES.get)
     decode = qty == "attn_out"
@@ -88,9 +92,9 @@ if res is not None:
         d[f"{qty}_tok"], None if decode else res.tokens,
         f"Per-token cosine: {drift_charts.COSINE_NAMES[qty]} (layer x {'decode step' if decode else 'token'})",
         x_title="decode step (0 = the boundary token x_N)" if decode else "prompt token (downsampled)")
-    st.plotly_chart(figures["heatmap"], key="drift.heat")
+    presenter.plot(figures["heatmap"], key="drift.heat")
     figures["decode_steps"] = drift_charts.decode_steps_chart(res.kl, res.top1_agree)
-    st.plotly_chart(figures["decode_steps"], key="drift.steps_chart")
+    presenter.plot(figures["decode_steps"], key="drift.steps_chart")
 
     def pin() -> None:
         state.keep_result(state.DRIFT_B, res, state.context_of(state.DRIFT))
@@ -118,7 +122,7 @@ rows = st.session_state.get(state.DRIFT_LENGTH)
 if rows:
     widgets.made_from(state.DRIFT_LENGTH, len_now, "Measure vs length")
     figures["vs_length"] = drift_charts.drift_length_chart(rows)
-    st.plotly_chart(figures["vs_length"], key="drift.length_chart")
+    presenter.plot(figures["vs_length"], key="drift.length_chart")
     st.caption("Prompts are cut from the built-in texts; block means over the skipped layers.")
 
 if res is not None or rows:

@@ -4,17 +4,9 @@ import html
 import streamlit as st
 import torch
 
-from dashboard.charts import generate as generate_charts
-from dashboard.charts import layers as layer_charts
-from dashboard.panels import exports, generate_lens, generate_speed, kv_repair, widgets
-from dashboard.panels.example_prompts import EXAMPLES
-from dashboard.panels.generate_stream import (
-    agreement,
-    output_html,
-    readable_text,
-    stream_variant,
-    token_pieces,
-)
+from dashboard.panels import generate_result, generate_speed, kv_repair, widgets
+from dashboard.panels.generate_stream import readable_text, stream_variant
+from pop_analysis.data.example_prompts import EXAMPLES, SHORT as DEFAULT_PROMPT
 from dashboard.session import state
 from dashboard.session.resources import warmed_up
 from pop_analysis.engine.generate import SamplingConfig, encode
@@ -43,7 +35,7 @@ def use_example() -> None:
 
 st.selectbox("Example", list(EXAMPLES), key="gen.example", on_change=use_example, index=None,
              placeholder="pick an example (short or long) ...")
-prompt = st.text_area("Prompt", key=state.kept("gen.prompt", ""), height=140,
+prompt = st.text_area("Prompt", key=state.kept("gen.prompt", DEFAULT_PROMPT), height=140,
                       placeholder="Type a prompt or pick an example")
 c = st.columns([2, 1, 1, 1])
 offered = [v for v in VARIANTS if v != "pop_repair" or kv_repair.stored_key(lm, skip)]
@@ -68,7 +60,8 @@ st.caption(f"Skipped in prefill: layers {describe(run_skip)} ({len(run_skip)}/{n
 now = {"prompt": prompt, "variant": SHORT[variant], "skip set": describe(run_skip),
        "decoding": mode if mode == "greedy" else f"sampling (T {temperature}, top-p {top_p}, seed {seed})",
        "new tokens": int(max_new), "raw": raw}
-clicked = st.button("Generate", type="primary", key="gen.go")
+clicked = st.button("Generate", type="primary", key="gen.go", disabled=not prompt.strip(),
+                    help=None if prompt.strip() else "type a prompt or pick an example first")
 
 left, right = st.columns(2)
 left.markdown("**Full model**")
@@ -95,7 +88,7 @@ if clicked:
             other = stream_variant(lm, ids, engine, run_skip, cfg, live(out["other"]))
         measured = generate_speed.measure(lm, state.model_spec().key, ids, engine, run_skip)
         state.keep_result(state.GENERATION, {
-            "prompt_tokens": len(ids), "full": full, "other": other, "label": VARIANTS[variant],
+            "model": lm.name, "prompt_tokens": len(ids), "full": full, "other": other, "label": VARIANTS[variant],
             "short": SHORT[variant], "prompt_ids": ids, "engine": engine, "speed": measured,
             "full_text": readable_text(lm.tokenizer, full["token_ids"]) if lm.tokenizer else "",
             "other_text": readable_text(lm.tokenizer, other["token_ids"]) if lm.tokenizer else ""},
@@ -107,44 +100,4 @@ if clicked:
 
 res = st.session_state.get(state.GENERATION)
 if res:
-    full, other, name = res["full"], res["other"], res.get("short", "variant")
-    share, first = agreement(full["token_ids"], other["token_ids"])
-    out["full"].markdown(output_html(lm.tokenizer, full["token_ids"], first), unsafe_allow_html=True)
-    out["other"].markdown(output_html(lm.tokenizer, other["token_ids"], first), unsafe_allow_html=True)
-    widgets.made_from(state.GENERATION, now, "Generate")
-    if res.get("speed") is not None and "prompt_ids" in res:
-        if st.button("Re-measure speed", key="gen.remeasure",
-                     help="Run the timing protocol again on the same prompt"):
-            try:
-                res["speed"] = generate_speed.measure(lm, state.model_spec().key, res["prompt_ids"],
-                                             res["engine"], other["skip"])
-            except (ValueError, RuntimeError) as e:
-                st.error(f"Re-measuring failed: {first_line(e)}")
-        generate_speed.show(res["speed"], name=name)
-    m = st.columns(2)
-    m[0].metric(f"Decode tok/s (full / {name})",
-                " / ".join(f"{r['decode_tok_s']:.1f}" if r["decode_tok_s"] else "–" for r in (full, other)))
-    m[1].metric("Token agreement", f"{share:.0%}",
-                "identical" if first is None else f"first divergence at token {first}", delta_color="off")
-    st.caption(f"Prompt: {res['prompt_tokens']} tokens. A yellow mark is the first token where "
-               "the two outputs differ; grey text follows it. The token arrival chart below is "
-               "the streamed run, one each.")
-    figures = {"arrival": generate_charts.arrival_chart({"full": full["times"], name: other["times"]})}
-    st.plotly_chart(figures["arrival"], key="gen.arrival")
-
-    generate_lens.explain(lm, res, name, first, figures)
-
-    st.subheader("What ran: calls per layer and stage")
-    st.caption("Skipped layers show 0 attention/FFN calls in prefill but one k_proj call (the "
-               "independent K/V projection). x_N (boundary) runs every layer: those below the "
-               "first skipped layer within the prompt's pass (their inputs are identical in "
-               "both paths, so the result is exact), the rest in the boundary step. Decode runs "
-               "every layer.")
-    for r, title in ((full, "full model"), (other, res["label"])):
-        figures[f"calls_{r['variant']}"] = layer_charts.call_counts_heatmap(r["counts"], f"Calls: {title}")
-        st.plotly_chart(figures[f"calls_{r['variant']}"], key=f"gen.counts.{r['variant']}.{title}")
-    tokens = [{"step": i, "full": a, name: b} for i, (a, b) in enumerate(
-        zip(token_pieces(lm.tokenizer, full["token_ids"]), token_pieces(lm.tokenizer, other["token_ids"])))]
-    exports.offer("generation", data={k: v for k, v in res.items() if k not in ("speed", "lens")}
-                  | {"speed": res.get("speed"), "made_from": state.context_of(state.GENERATION)},
-                  rows=tokens, figures=figures)
+    generate_result.show(lm, res, now, out)

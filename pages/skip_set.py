@@ -6,7 +6,7 @@ before it is drawn, so a change from any of them (or from the sidebar box) shows
 import streamlit as st
 
 from dashboard.charts import layers as layer_charts
-from dashboard.panels import exports, kv_repair, skip_set_budget, widgets
+from dashboard.panels import exports, kv_repair, presenter, skip_set_budget, widgets
 from dashboard.session import state
 from pop_analysis.engine.skipset import SkipSetError, describe, last_block, preset
 from pop_analysis.importance.calibrate import suggest_skip
@@ -76,8 +76,8 @@ state.sync("skipset.pills", list(skip))
 st.select_slider("Skip ratio (the deepest layers, as in the paper)", options=list(range(n)),
                  format_func=lambda k: f"{k / n:.0%} · {k} layers", key="skipset.k",
                  on_change=on_ratio, help="sets a contiguous tail; presets and clicks below refine it")
-if not tail:
-    st.caption("The current set is not a contiguous tail; the slider shows its size only.")
+st.caption("The current set is not a contiguous tail; the slider shows its size only." if not tail
+           else "The slider sets a contiguous tail of the deepest layers.")  # one line either way
 
 st.write("Presets")
 cols = st.columns(5)
@@ -90,13 +90,13 @@ cols[1].button("Adaptive from scores", key="skipset.adaptive", width="stretch",
 for col, name in zip(cols[2:], ("shallow", "interleaved", "none")):
     col.button(name.capitalize(), key=f"skipset.{name}", width="stretch", on_click=on_preset,
                args=(name, name))
-state.show_flash()
 
 st.subheader("Layers")
 strip_key = f"skipset.strip.{st.session_state.get(STRIP_V, 0)}"
 fig = layer_charts.layer_strip(n, skip, scores)
-st.plotly_chart(fig, key=strip_key, on_select=lambda: on_strip(strip_key),
-                selection_mode=("points", "box"), config={"displayModeBar": True})
+presenter.plot(fig, key=strip_key, on_select=lambda: on_strip(strip_key),
+               selection_mode=("points", "box"), config={"displayModeBar": True})
+state.show_flash()  # below the strip: a message never moves the squares under the pointer
 st.caption("**Click** a square to toggle that layer. For a range, pick the **box tool** (the "
            "dotted square, top right of the strip) and drag over squares: the boxed layers "
            "**replace** the skip set. The buttons below toggle single layers. "

@@ -5,8 +5,8 @@ import streamlit as st
 
 from dashboard.charts import sweeps as sweep_charts
 from dashboard.charts.overlays import overlay_sweeps
-from dashboard.panels import exports, generate_speed, kv_repair, model_compare, widgets
-from dashboard.session import cached, jobs, state
+from dashboard.panels import exports, generate_speed, kv_repair, model_compare, presenter, widgets
+from dashboard.session import cached, classmode, jobs, state
 from pop_analysis.data.allowed_paths import check_source
 from pop_analysis.errors import first_line
 from pop_analysis.experiments import sweep as sw
@@ -70,9 +70,7 @@ if entries:
     key = c[0].selectbox("Stored sweeps", list(by_key), format_func=label_of, key="sw.stored")
     if c[1].button("Load", key="sw.load"):
         res = cached.load_result("sweep", key, sw.SweepResult)
-        if res is None:
-            st.error("That entry is missing or unreadable.")
-        else:
+        if res is not None:
             state.keep_result(state.SWEEP, res, {"stored": label_of(key)})
     st.multiselect("Overlay stored sweeps of the same kind on the chart", list(by_key),
                    format_func=label_of, key=state.kept("sw.overlay", [], list(by_key)),
@@ -89,6 +87,7 @@ else:
     st.subheader(f"{KINDS.get(res.kind, res.kind)} — {res.model}")
     st.caption(f"{res.data} · {res.device} · {res.threads} threads · {res.seconds:.0f} s")
     widgets.made_from(state.SWEEP, now, "Run sweep")
+    classmode.offer_back("sweep", lm.name, lm.adapter.n_layers)
     for note in res.notes or []:  # fewer items than asked for, or too few for intervals
         st.info(note)
     rows = res.rows
@@ -106,17 +105,17 @@ else:
             paper.update(quality=[v / 100 for v in t4["GSM8K"]], quality_name="GSM8K")
         fig = overlay_sweeps(sweep_charts.ratio_chart(rows, quality, paper), overlays, "skip_ratio",
                              quality)
-        st.plotly_chart(fig, key="sw.ratio")
+        presenter.plot(fig, key="sw.ratio")
     elif res.kind == "length" and rows:
         paper = {m: {"length": t2["lengths"], "speedup": v} for m, v in t2["rows"].items()}
         fig = overlay_sweeps(sweep_charts.length_chart(rows, paper), overlays, "length")
-        st.plotly_chart(fig, key="sw.length")
+        presenter.plot(fig, key="sw.length")
     elif res.kind == "ablation" and rows:
         metrics = [m for m in ("continuation_nll", "next_token_kl", "retrieval_acc", "exact_match")
                    if any(r.get(m) is not None for r in rows)]
         quality = st.radio("Quality metric", metrics, horizontal=True, key="sw.metric")
         fig = sweep_charts.quality_chart(rows, quality)
-        st.plotly_chart(fig, key="sw.quality")
+        presenter.plot(fig, key="sw.quality")
     if overlays and res.kind != "ablation":
         st.caption(f"Overlaid: {len(overlays)} stored sweep(s) as dashed (speedup) and dotted "
                    "(quality) lines.")
@@ -132,6 +131,8 @@ else:
         paper = sw.paper_frame("table3").add_prefix("paper ")
         frame = frame.join(paper, on="variant")
     st.dataframe(generate_speed.sweep_table(frame, res.kind), hide_index=True, key="sw.table")
+    st.caption("The speedup is the median of per-round ratios (full and variant timed back to "
+               "back); ttft columns are each side's median: noisy rounds (flagged) can part them.")
     exports.offer("sweep", data=res.to_dict(), rows=rows, figures={"chart": fig} if fig else None)
 
 st.subheader("The paper's numbers")

@@ -7,9 +7,13 @@ first decode step of a 2048-token drift run holds its prefill), so a plain elaps
 goes wrong by a factor of ten. An engine that knows its structure declares a `plan`: the cost
 weight of each kind of work ({"reference": 8, "quality": 48, "timing": 6}, or weights in tokens);
 each counted step names its kind and weight. The tracker measures seconds per weight for each
-kind and sums what is left; kinds not measured yet are named in `Progress.unmeasured`, so the UI
-says "more after X" instead of a number it cannot know. Without a plan the estimate uses the
-rate of the most recent units.
+kind and sums what is left. It gives no number until it can estimate: while a kind with work
+ahead has not been measured, `remaining_s` is None and the kind is named in
+`Progress.unmeasured` (the UI says "estimating"). The run's first counted step carries its
+one-time costs (a first batch, kernels chosen, caches grown): its kind is measured from its
+second step on, without it. A number that leaves out work ahead read "under a second" and then jumped to minutes;
+one first step taken as the rate read "26 min" for a run that took 87 s. Without a plan the
+estimate uses the rate of the most recent units, from the second unit on.
 
 Cancellation. A callback object with a `cancel_event` (a threading.Event, see `Monitor`) stops
 the run at the next `tracker.step()`: the step raises `Cancelled`. Engines that can keep what
@@ -57,8 +61,16 @@ class Progress:
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds left when this update was made (None until a unit has been measured)."""
+        """Seconds left when this update was made (None until the work ahead can be estimated)."""
         return self.remaining_s
+
+    @property
+    def time_fraction(self) -> float:
+        """How far the run is by time (elapsed / expected), or by units before an estimate."""
+        if self.remaining_s is None:
+            return self.fraction
+        total = self.elapsed_s + self.remaining_s
+        return self.elapsed_s / total if total > 0 else 1.0
 
 
 class Tracker:
@@ -72,7 +84,10 @@ class Tracker:
         self.cancel = cancel if cancel is not None else getattr(callback, "cancel_event", None)
         self.done = 0
         self.t0 = self.last = time.perf_counter()  # start; time of the last counted step
-        self.spent: dict[str, list[float]] = {}  # kind -> [weight done, seconds spent]
+        # kind -> [weight done, seconds spent, steps, weight and seconds of its first step,
+        # whether that step was the run's first (it then carries the run's one-time costs)]
+        self.spent: dict[str, list] = {}
+        self.counted = 0  # steps of any kind counted so far
         self.recent: deque = deque(maxlen=RECENT)  # (units, seconds) of the latest counted steps
         self._emit()
 
@@ -88,9 +103,11 @@ class Tracker:
             self.done += n
             w = float(n if weight is None else weight)
             if kind is not None and w > 0:
-                acc = self.spent.setdefault(kind, [0.0, 0.0])
+                acc = self.spent.setdefault(kind, [0.0, 0.0, 0, w, seconds, not self.counted])
                 acc[0] += w
                 acc[1] += seconds
+                acc[2] += 1
+                self.counted += 1
             if n:
                 self.recent.append((n, seconds))
         self._emit()
@@ -111,20 +128,23 @@ class Tracker:
         if self.plan:
             left, unknown = 0.0, []
             for kind, total in self.plan.items():
-                w_done, secs = self.spent.get(kind, (0.0, 0.0))
+                w_done, secs, steps, w1, s1, warm = self.spent.get(kind, (0, 0, 0, 0, 0, False))
                 ahead = max(total - w_done, 0.0)
                 if ahead <= 0:
                     continue
-                if w_done > 0:
+                if warm and steps >= 2 and w_done > w1:
+                    left += ahead * (secs - s1) / (w_done - w1)  # the run's first step left out
+                elif not warm and steps >= 1:
                     left += ahead * secs / w_done
                 else:
                     unknown.append(kind)
-            measured = any(k in self.spent for k in self.plan)
-            return (left if measured else None), tuple(unknown)
-        units = sum(u for u, _ in self.recent)
+            return (None if unknown else left), tuple(unknown)
+        recent = list(self.recent)[1:] if self.done == sum(u for u, _ in self.recent) else \
+            list(self.recent)  # the run's first unit is left out of the rate
+        units = sum(u for u, _ in recent)
         if not units:
             return None, ()
-        return (self.total - self.done) * sum(s for _, s in self.recent) / units, ()
+        return (self.total - self.done) * sum(s for _, s in recent) / units, ()
 
     def _emit(self) -> None:
         if self.callback is not None:
@@ -196,13 +216,12 @@ class Monitor:
 
 
 def describe_eta(eta_s: float | None, unmeasured: tuple[str, ...] = ()) -> str:
-    """Plain words for an estimate: 'about 2 min 5 s left', '... (+ timing, not yet measured)'."""
+    """Plain words for an estimate: 'about 2 min 5 s left', or 'estimating (timing the
+    sampling)' while some work ahead has not been measured."""
     if eta_s is None:
-        return "estimating the time left ..."
-    text = "under a second" if eta_s < 1 else f"about {duration(eta_s)}"
-    if unmeasured:
-        return f"{text} left, plus the {' and '.join(unmeasured)} (not timed yet)"
-    return f"{text} left"
+        what = f" (timing the {' and '.join(unmeasured)})" if unmeasured else ""
+        return f"estimating the time left{what} ..."
+    return f"{'under a second' if eta_s < 1 else 'about ' + duration(eta_s)} left"
 
 
 def duration(seconds: float) -> str:
@@ -230,10 +249,8 @@ def end_line() -> None:
 def terminal_bar(update: Progress) -> None:
     """A one-line progress bar on stderr for the CLI."""
     width = 30
-    filled = int(width * update.fraction)
-    eta = f" ETA {update.eta_s:5.0f}s" if update.eta_s is not None else ""
-    if update.unmeasured:
-        eta += "+"
+    filled = int(width * update.time_fraction)
+    eta = f" ETA {update.eta_s:5.0f}s" if update.eta_s is not None else " ETA ..."
     sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {update.done}/{update.total}"
                      f"{eta} {update.message[:40]:<40}")
     if update.done >= update.total:

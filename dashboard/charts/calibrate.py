@@ -16,10 +16,13 @@ from dashboard.charts.style import (
 )
 
 
-def importance_chart(prefill, decode, prefill_std=None, decode_std=None, log: bool = True,
+def importance_chart(prefill, decode, prefill_band=None, decode_band=None, log: bool = True,
                      bands: bool = True, block_influence: dict | None = None, skip=(),
-                     overlays: list[dict] | None = None) -> go.Figure:
-    """Prefill vs decode importance per layer (mean of (dL/dg)^2), with +-1 std bands.
+                     overlays: list[dict] | None = None,
+                     band_name: str = "95% interval") -> go.Figure:
+    """Prefill vs decode importance per layer (mean of (dL/dg)^2), with bands of the given
+    half-widths around the means (the 95% interval of each mean: a ±1 std band over samples
+    covered most of a log axis and hid the curves).
 
     overlays: other calibrations ({"label", "prefill", "decode"}) drawn as thin dotted lines.
     On a log axis a zero cannot be drawn: it is drawn at a floor a decade below the smallest
@@ -31,8 +34,8 @@ def importance_chart(prefill, decode, prefill_std=None, decode_std=None, log: bo
         if log else None
     fig = go.Figure()
     raised_any = False
-    for name, mean, std, colour in (("prefill", prefill, prefill_std, PREFILL),
-                                    ("decode", decode, decode_std, DECODE)):
+    for name, mean, std, colour in (("prefill", prefill, prefill_band, PREFILL),
+                                    ("decode", decode, decode_band, DECODE)):
         shown, raised = clip_to_floor(mean, floor)
         raised_any |= bool(raised)
         if bands and std is not None:
@@ -40,7 +43,7 @@ def importance_chart(prefill, decode, prefill_std=None, decode_std=None, log: bo
             hi = [max(m + s, floor if log and floor else 0.0) for m, s in zip(mean, std)]
             fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", line_width=0,
                                      fillcolor=alpha(colour, 0.18), hoverinfo="skip",
-                                     name=f"{name} ±1 std", showlegend=True))
+                                     name=f"{name} {band_name}", showlegend=True))
         fig.add_trace(go.Scatter(x=x, y=shown, mode="lines+markers", name=f"{name} importance",
                                  line=dict(color=colour, width=2), customdata=mean,
                                  hovertemplate="layer %{x}: %{customdata:.3g}<extra></extra>",

@@ -15,29 +15,38 @@ COSINE_NAMES = {"hidden": "hidden state", "k": "K cache", "v": "V cache",
 
 # ---------- drift ----------
 
-def drift_curves(drift: dict, skip, only_skipped: bool = True, y_range=None,
-                 title: str = "Representation drift across the skipped block") -> go.Figure:
-    """Mean cosine POP vs full per layer for hidden, K, V and attention output (paper style).
-    y_range: a shared range when two runs are shown side by side."""
+def drift_panels(drift: dict, skip, only_skipped: bool = True, y_range=None,
+                 reference: dict | None = None, title: str = "Drift per layer, POP vs full") -> go.Figure:
+    """One small panel per quantity (hidden, K, V, attention output): the mean cosine over tokens
+    (solid), the lowest token (dotted), and the paper's value as a dashed line where it quotes
+    one (reference: quantity -> (value, words)). Two lines a panel read at projector size."""
+    from plotly.subplots import make_subplots
+
     n = len(drift["hidden_cos"])
     layers = sorted(skip) if only_skipped and skip else list(range(n))
-    fig = go.Figure()
-    for key, colour in COSINES.items():
-        vals = drift.get(f"{key}_cos")
-        if vals is None:
-            continue
-        fig.add_trace(go.Scatter(x=layers, y=[vals[i] for i in layers], mode="lines+markers",
-                                 name=COSINE_NAMES[key], line=dict(color=colour, width=2)))
-        mins = drift.get(f"{key}_min")
-        if mins is not None:
-            fig.add_trace(go.Scatter(x=layers, y=[mins[i] for i in layers], mode="lines",
-                                     name=f"{COSINE_NAMES[key]} (min over tokens)",
-                                     line=dict(color=colour, dash="dot", width=1)))
-    if not only_skipped:
-        shade_layers(fig, skip)
-    fig.update_xaxes(title="layer", dtick=1)
-    fig.update_yaxes(title="cosine similarity POP vs full", tickformat=TICKS, range=y_range)
-    return layout(fig, title, height=420)
+    names = [COSINE_NAMES[q] for q in COSINES]
+    fig = make_subplots(rows=1, cols=4, shared_yaxes=True, subplot_titles=names,
+                        horizontal_spacing=0.03)
+    for col, (q, colour) in enumerate(COSINES.items(), start=1):
+        for suffix, dash, label in (("_cos", "solid", "mean over tokens"),
+                                    ("_min", "dot", "lowest token")):
+            vals = drift.get(f"{q}{suffix}")
+            if vals is not None:
+                fig.add_trace(go.Scatter(x=layers, y=[vals[i] for i in layers], mode="lines+markers",
+                                         name=label, legendgroup=label, showlegend=col == 1,
+                                         line=dict(color=colour if suffix == "_cos" else FULL,
+                                                   dash=dash, width=2.5 if suffix == "_cos" else 1.5),
+                                         marker=dict(size=5)), row=1, col=col)
+        ref = (reference or {}).get(q)
+        if ref is not None:
+            fig.add_hline(y=ref[0], line=dict(color="#b00020", dash="dash", width=2), row=1, col=col,
+                          annotation_text=f"paper {ref[0]:.2f}", annotation_position="bottom right")
+    fig.update_xaxes(title="layer", dtick=2 if len(layers) > 12 else 1)
+    fig.update_yaxes(tickformat=TICKS, range=y_range or drift_range(drift))
+    fig.update_yaxes(title="cosine POP vs full", row=1, col=1)
+    layout(fig, title, height=400)
+    fig.update_layout(title_pad_b=40, margin_t=110)  # above the panels' own titles
+    return fig
 
 
 def drift_range(*drifts: dict) -> list[float] | None:

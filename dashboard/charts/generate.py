@@ -8,29 +8,32 @@ from dashboard.charts.style import DECODE, FULL, POP, layout
 
 
 def commitment_strip(rows: list[dict], n_layers: int, first: int | None = None) -> go.Figure:
-    """One row per model, one cell per generated token: the layer from which the token stays
-    the lens's top-1 up to the output (light = decided early, dark = late; blank = never, i.e. a
-    sampled token the model did not rank first). rows: {"name", "pieces", "commit"}."""
-    width = max(len(r["commit"]) for r in rows) if rows else 0
+    """One column per model, one row per generated token, each cell holding the whole token: the
+    layer from which the token stays the lens's top-1 up to the output (light = decided early,
+    dark = late; blank = never, i.e. a sampled token the model did not rank first).
+    rows: {"name", "pieces", "commit"}. Tokens run down the page, so none is cut short."""
+    length = max(len(r["commit"]) for r in rows) if rows else 0
     z, text, hover = [], [], []
-    for r in rows:
-        pad = width - len(r["commit"])
-        z.append([c if c is not None else None for c in r["commit"]] + [None] * pad)
-        text.append([_short(p) for p in r["pieces"]] + [""] * pad)
+    for i in range(length):
+        cells = [(r["pieces"][i], r["commit"][i]) if i < len(r["commit"]) else ("", None)
+                 for r in rows]
+        z.append([c for _, c in cells])
+        text.append([_short(p, 24) for p, _ in cells])
         hover.append([f"token {i} {p!r}: " + (f"top-1 from layer {c} on" if c is not None else
                                                "never the model's top-1 (sampled)")
-                      for i, (p, c) in enumerate(zip(r["pieces"], r["commit"]))] + [""] * pad)
-    fig = go.Figure(go.Heatmap(z=z, x=list(range(width)), y=[r["name"] for r in rows], text=text,
-                               texttemplate="%{text}", textfont=dict(size=10), customdata=hover,
-                               hovertemplate="%{y}, %{customdata}<extra></extra>", xgap=1, ygap=3,
+                      for p, c in cells])
+    fig = go.Figure(go.Heatmap(z=z, y=list(range(length)), x=[r["name"] for r in rows], text=text,
+                               texttemplate="%{text}", textfont=dict(size=14), customdata=hover,
+                               hovertemplate="%{x}, %{customdata}<extra></extra>", xgap=4, ygap=1,
                                zmin=0, zmax=max(n_layers - 1, 1), colorscale="Viridis_r",
-                               colorbar=dict(title="layer", thickness=10)))
+                               colorbar=dict(title="layer", thickness=12)))
     if first is not None:
-        fig.add_vrect(x0=first - 0.5, x1=first + 0.5, line=dict(color="#ffb300", width=3))
-    fig.update_xaxes(title="generated token (the boxed one is the first divergence)", dtick=1 if width <= 40 else 5)
-    fig.update_yaxes(autorange="reversed")
+        fig.add_hrect(y0=first - 0.5, y1=first + 0.5, line=dict(color="#ffb300", width=3))
+    fig.update_yaxes(title="generated token (the boxed one is the first divergence)",
+                     autorange="reversed", dtick=1 if length <= 40 else 5)
+    fig.update_xaxes(side="top")
     return layout(fig, "Commitment: the layer from which each token stays the top choice",
-                   height=120 + 45 * len(rows))
+                  height=160 + 24 * max(length, 1))
 
 
 def top_candidates(full: list[tuple[str, float]], other: list[tuple[str, float]],
@@ -39,7 +42,7 @@ def top_candidates(full: list[tuple[str, float]], other: list[tuple[str, float]]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("full model", other_name),
                         horizontal_spacing=0.18)
     for col, (cands, colour) in enumerate(((full, FULL), (other, POP)), start=1):
-        labels = [f"{_short(t, 14)!r}" for t, _ in cands][::-1]
+        labels = [f"{_short(t, 20)!r}" for t, _ in cands][::-1]
         probs = [p for _, p in cands][::-1]
         picked = chosen[col - 1] if chosen else None
         colours = [DECODE if picked is not None and t == picked else colour for t, _ in cands][::-1]
@@ -58,11 +61,15 @@ def _short(piece: str, width: int = 8) -> str:
 
 
 def arrival_chart(series: dict) -> go.Figure:
-    """Seconds since the prompt went in at which each token arrived, per variant."""
+    """Decode pace: seconds since each run's own first token at which its later tokens arrived.
+    The first token's time is the timing protocol's business (a streamed run is one sample, with
+    call counters on), so it is not drawn here: the lines start together and should run parallel,
+    both models decoding with every layer."""
     fig = go.Figure()
     for name, times in series.items():
-        fig.add_trace(go.Scatter(x=list(range(len(times))), y=times, mode="lines+markers", name=name,
+        rel = [t - times[0] for t in times] if times else []
+        fig.add_trace(go.Scatter(x=list(range(len(times))), y=rel, mode="lines+markers", name=name,
                                  line=dict(color=FULL if name == "full" else POP)))
     fig.update_xaxes(title="generated token")
-    fig.update_yaxes(title="seconds since prompt in", rangemode="tozero")
-    return layout(fig, "Token arrival (the first point is the TTFT)", height=300)
+    fig.update_yaxes(title="seconds since the first token", rangemode="tozero")
+    return layout(fig, "Decode pace: when each streamed token arrived after the first", height=300)

@@ -1,5 +1,5 @@
-"""Pictures of the layer stack: what runs where under POP, the clickable layer strip, per-layer
-call counts (pure plotly, no streamlit, no model)."""
+"""Pictures of the layer stack: the clickable layer strip, per-layer call counts (pure plotly, no
+streamlit, no model). What runs where is drawn from recorded runs (charts/stepthrough.py)."""
 from __future__ import annotations
 
 import math
@@ -7,31 +7,6 @@ import math
 import plotly.graph_objects as go
 
 from dashboard.charts.style import DECODE, FULL, PREFILL, layout
-
-
-def pop_diagram(n_layers: int, skip, n_prompt: int = 8, n_new: int = 3) -> go.Figure:
-    """Layers x positions: what runs where under POP (prefill pruned, boundary and decode full)."""
-    skip = set(skip)
-    cols = [f"x{i}" for i in range(1, n_prompt)] + ["x_N"] + [f"y{i}" for i in range(1, n_new + 1)]
-    z, text = [], []
-    for layer in range(n_layers):
-        row = [1 if (layer in skip and c < n_prompt - 1) else 0 for c in range(len(cols))]
-        z.append(row)
-        text.append(["K/V only" if v else "full" for v in row])
-    fig = go.Figure(go.Heatmap(
-        z=z, x=cols, y=list(range(n_layers)), text=text, zmin=0, zmax=1, showscale=False,
-        colorscale=[[0, "#cfe3f5"], [0.5, "#cfe3f5"], [0.5, "#f3b37a"], [1, "#f3b37a"]],
-        xgap=2, ygap=1, hovertemplate="layer %{y}, %{x}: %{text}<extra></extra>"))
-    fig.add_vline(x=n_prompt - 1.5, line_dash="dash", line_color=FULL)
-    fig.add_vline(x=n_prompt - 0.5, line_dash="dash", line_color=FULL)
-    top = n_layers - 0.5
-    for x, label in ((n_prompt / 2 - 1, "prefill x1..x(N-1): pruned"),
-                     (n_prompt - 1, "boundary x_N: full"), (n_prompt - 0.5 + n_new / 2, "decode: full")):
-        fig.add_annotation(x=x, y=top, yshift=14, text=label, showarrow=False)
-    fig.update_yaxes(title="layer", autorange=True)
-    fig.update_xaxes(title="position (prompt, then generated)", side="bottom")
-    return layout(fig, "What runs where: blue = full layer, orange = independent K/V projection only",
-                   height=max(320, 14 * n_layers + 120))
 
 
 def layer_strip(n_layers: int, skip, importance=None, label: str = "prefill importance") -> go.Figure:
@@ -60,7 +35,7 @@ def layer_strip(n_layers: int, skip, importance=None, label: str = "prefill impo
     # clickmode and dragmode are left to Streamlit: with point selection on it makes a click
     # select the point. Plotly drops click-to-select while the box tool is the drag mode, so the
     # box is a tool picked in the mode bar rather than the default drag.
-    return layout(fig, "Layer strip (crossed = skipped in prefill)", height=200)
+    return layout(fig, "Layer strip (crossed = skipped in prefill)", height=250)
 
 
 def call_counts_heatmap(counts: dict, title: str) -> go.Figure:
@@ -75,4 +50,5 @@ def call_counts_heatmap(counts: dict, title: str) -> go.Figure:
                                hovertemplate="layer %{x}, %{y}: %{z} calls<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="layer", dtick=1 if len(z[0] if z else []) <= 40 else 4)
-    return layout(fig, title, height=60 + 28 * max(len(rows), 1))
+    fig.update_yaxes(tickmode="array", tickvals=rows)  # every row named
+    return layout(fig, title, height=150 + 30 * max(len(rows), 1))

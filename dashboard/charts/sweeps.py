@@ -70,23 +70,52 @@ def quality_chart(rows: list[dict], quality: str) -> go.Figure:
     return layout(fig, f"{quality} per variant (error bars: 95% intervals)", height=360)
 
 
+def paired(rows: list[dict], quality: str) -> bool:
+    """Whether the rows carry the metric's paired difference from the full model."""
+    return any(r.get(f"{quality}_delta") is not None for r in rows)
+
+
+def delta_trace(x: list, rows: list[dict], quality: str, **kw) -> go.Scatter:
+    """variant − full on the same items, with the paired 95% interval (the full model: 0)."""
+    y = [0.0 if r.get("variant") == "full" else r.get(f"{quality}_delta") for r in rows]
+    cis = [r.get(f"{quality}_delta_ci") or [v, v] if v is not None else [0, 0]
+           for r, v in zip(rows, y)]
+    return go.Scatter(
+        x=x, y=y, name=f"{quality}: variant − full (paired 95% interval)", mode="lines+markers",
+        line=dict(color=DECODE, width=2.5), marker=dict(size=9),
+        error_y=dict(type="data", symmetric=False, color=DECODE, thickness=2, width=6,
+                     array=[hi - v if v is not None else 0 for (_, hi), v in zip(cis, y)],
+                     arrayminus=[v - lo if v is not None else 0 for (lo, _), v in zip(cis, y)]),
+        hovertemplate="%{y:+.3f}<extra></extra>", **kw)
+
+
 def ratio_chart(rows: list[dict], quality: str, paper: dict | None = None) -> go.Figure:
-    """Measured / ideal prefill speedup and a quality metric over skip ratios (+ paper's Table 4)."""
+    """Measured / ideal prefill speedup and a quality metric over skip ratios (+ paper's Table 4).
+    Where the rows are paired with the full model the quality axis shows the paired difference
+    (0 = no change), as the table beside it does; absolute values with unpaired intervals
+    overlapped while the paired differences said "worse" at every ratio."""
     rows = sorted(rows, key=lambda r: r["skip_ratio"])
     x = [r["skip_ratio"] for r in rows]
+    diff = paired(rows, quality)
     fig = speed_traces(go.Figure(), x, rows)
-    fig.add_trace(quality_trace(x, rows, quality, yaxis="y2"))
+    fig.add_trace(delta_trace(x, rows, quality, yaxis="y2") if diff
+                  else quality_trace(x, rows, quality, yaxis="y2"))
     if paper:
         fig.add_trace(go.Scatter(x=paper["ratio"], y=paper["speedup"], name="paper: speedup",
-                                 mode="markers", marker=dict(symbol="x", color=POP, size=9)))
+                                 mode="markers", marker=dict(symbol="x", color=POP, size=10)))
         if paper.get("quality"):
-            fig.add_trace(go.Scatter(x=paper["ratio"], y=paper["quality"], yaxis="y2",
-                                     name=f"paper: {paper.get('quality_name', 'accuracy')}",
-                                     mode="markers", marker=dict(symbol="x", color=DECODE, size=9)))
+            q = paper["quality"]
+            fig.add_trace(go.Scatter(x=paper["ratio"], y=[v - q[0] for v in q] if diff else q,
+                                     yaxis="y2", name=f"paper: {paper.get('quality_name', 'accuracy')}"
+                                     + (" − full" if diff else ""), mode="markers",
+                                     marker=dict(symbol="x", color=DECODE, size=10)))
+    title2 = f"{quality}: variant − full" if diff else quality
     fig.update_layout(yaxis=dict(title="prefill speedup (×)"),
-                      yaxis2=dict(title=quality, overlaying="y", side="right", showgrid=False))
+                      yaxis2=dict(title=title2, overlaying="y", side="right", showgrid=False,
+                                  zeroline=True, zerolinecolor=FULL, zerolinewidth=2))
     fig.update_xaxes(title="skip ratio", tickformat=".0%")
-    return layout(fig, "Speed vs quality over skip ratios", height=400)
+    return layout(fig, "Speed vs quality over skip ratios", height=440,
+                  margin=dict(l=60, r=70, t=80, b=50))
 
 
 def length_chart(rows: list[dict], paper: dict | None = None) -> go.Figure:

@@ -4,15 +4,37 @@ import datetime
 import streamlit as st
 
 from dashboard.charts import drift as drift_charts
-from dashboard.panels import widgets
+from dashboard.panels import presenter, widgets
 from dashboard.session import cached, state
 from pop_analysis.engine.skipset import describe
+from pop_analysis.experiments.paper import PAPER_DRIFT
 from pop_analysis.inspection import drift as dr
 
 
 def curves_of(res, only: bool, y_range=None, title=None):
     kw = {"title": title} if title else {}
-    return drift_charts.drift_curves(res.to_dict(), res.skip_layers, only, y_range, **kw)
+    return drift_charts.drift_panels(res.to_dict(), res.skip_layers, only, y_range, PAPER_DRIFT, **kw)
+
+
+def departures(res) -> None:
+    """Beside the curves: this run against the paper's values, and why a small model differs."""
+    means = res.block_means()
+    attn, hidden = means.get("attn_out_cos"), means.get("hidden_cos")
+    if attn is None:
+        return
+    paper = PAPER_DRIFT["attn_out"][0]
+    if attn >= paper:
+        st.success(f"Attention output over the skipped block: {attn:.2f}, at or above the "
+                   f"paper's {paper:.2f}: attention absorbs the K/V drift here as the paper says.")
+        return
+    st.info(f"**Where this run departs from the paper.** The attention output of decode steps "
+            f"averages {attn:.2f} over the skipped block (hidden states {hidden:.2f}); the paper "
+            f"(Qwen3-VL-8B, 36 layers) keeps it above {paper:.2f}. {res.model}'s "
+            f"{res.n_layers} layers have less depth redundancy than an 8B model's: its deep "
+            "layers still change the hidden state a lot (see the Calibrate page's prefill "
+            "importance), so the K/V they project from the shallower state differ more, and "
+            "attention's averaging no longer hides it. Try fewer skipped layers (Skip set page) "
+            "and measure again to see how it moves.", icon=":material/science:")
 
 
 def _label(e) -> str:
@@ -35,9 +57,7 @@ def stored_runs() -> None:
         for col, target, name in ((a, state.DRIFT, "A"), (b, state.DRIFT_B, "B")):
             if col.button(f"Show as {name}", key=f"drift.load.{name}"):
                 loaded = cached.load_result(dr.KIND, pick, dr.DriftResult)
-                if loaded is None:
-                    st.error("That entry is missing or unreadable.")
-                else:
+                if loaded is not None:
                     state.keep_result(target, loaded, {"stored": _label(by_key[pick])})
                     st.rerun()
 
@@ -51,7 +71,7 @@ def side_by_side(res, res_b, figures: dict) -> None:
         with col:
             figures[f"curves_{name}"] = curves_of(r, True, shared, f"{name}: skipped "
                                                   f"{describe(r.skip_layers)}, {r.prompt_tokens} tokens")
-            st.plotly_chart(figures[f"curves_{name}"], key=f"drift.cmp.{name}")
+            presenter.plot(figures[f"curves_{name}"], key=f"drift.cmp.{name}")
             widgets.made_from(key)
     table = [{"run": name, "prompt tokens": r.prompt_tokens, "skip set": describe(r.skip_layers),
               **{drift_charts.COSINE_NAMES[q]: r.block_means()[f"{q}_cos"] for q in drift_charts.COSINES},

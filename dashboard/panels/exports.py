@@ -12,6 +12,7 @@ import json
 
 import streamlit as st
 
+from dashboard.session import state
 from pop_analysis.store.schema import plain
 
 
@@ -40,7 +41,10 @@ def figure_html(fig, include_js: bool | str = True) -> str:
 
 def offer(name: str, data=None, rows: list[dict] | None = None, figures: dict | None = None,
           where=st) -> None:
-    """A row of download buttons: data as CSV and JSON, each figure as HTML."""
+    """A row of download buttons: data as CSV and JSON, each figure as HTML (none in the
+    presenter's view: fewer controls on a projector)."""
+    if state.presenting():
+        return
     buttons = []
     if rows:
         buttons.append(("Data (CSV)", lambda: csv_text(rows), f"{name}.csv", "text/csv"))

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from dashboard.charts import generate as lens_charts
-from dashboard.panels import widgets
+from dashboard.panels import presenter, widgets
 from dashboard.panels.generate_stream import token_pieces
 from pop_analysis.errors import first_line
 from pop_analysis.inspection import lens
@@ -29,12 +29,12 @@ def explain(lm, res: dict, name: str, first: int | None, figures: dict) -> None:
         figures["commitment"] = lens_charts.commitment_strip(
             [{"name": "full", "pieces": pieces["f"], "commit": tf.commit},
              {"name": name, "pieces": pieces["o"], "commit": to.commit}], n, first)
-        st.plotly_chart(figures["commitment"], key="gen.commit")
+        presenter.plot(figures["commitment"], key="gen.commit")
         if first is not None and first < min(len(tf.topk), len(to.topk)):
             cands = [lens.top_candidates(lm, t, first) for t in (tf, to)]
             figures["top5"] = lens_charts.top_candidates(
                 *cands, name, (pieces["f"][first], pieces["o"][first]))
-            st.plotly_chart(figures["top5"], key="gen.top5")
+            presenter.plot(figures["top5"], key="gen.top5")
         elif first is None:
             st.info("The two outputs are identical: there is no divergent token to explain.")
         if len(full["token_ids"]) > lens.MAX_TOKENS:

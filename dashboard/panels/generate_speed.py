@@ -59,6 +59,7 @@ def show(p: PrefillSpeed, where=None, name: str = "variant") -> None:
                 f"measured = {p.speedup / p.ideal_speedup:.0%} / "
                 f"{p.speedup / p.roofline_speedup:.0%} of them", delta_color="off",
                 delta_arrow="off")
+    where.caption(one_story(p, name))
     if not t.trustworthy:
         where.warning(f"Speed not trustworthy: {t.note}. Re-measure when the machine is quieter.")
     where.caption(
@@ -69,6 +70,30 @@ def show(p: PrefillSpeed, where=None, name: str = "variant") -> None:
         "(weights, activations, K/V) at this machine's measured matmul rate and memory bandwidth."
         + (f" Waited {t.lock_wait_s:.1f} s for another session (not counted)." if t.lock_wait_s
            > 0.05 else ""))
+
+
+def one_story(p: PrefillSpeed, name: str) -> str:
+    """One line tying the headline to the figures beside it: the speedup is the median of the
+    per-round ratios; the ratio of the two median TTFTs is said next to it, with a warning when
+    the two tell different stories (noisy rounds)."""
+    t = p.timing
+    of_medians = t.full_median_ms / t.variant_median_ms
+    text = (f"The speedup {p.speedup:.2f}× is the median of {t.rounds} per-round ratios (each "
+            f"round times full and {name} back to back); the two median TTFTs above give "
+            f"{of_medians:.2f}×.")
+    if (of_medians - 1) * (p.speedup - 1) < 0 or not t.low <= of_medians <= t.high:
+        text += (" ⚠ They disagree beyond the rounds' interquartile range: the rounds were "
+                 "noisy, so neither is a measurement to quote.")
+    if p.tokens < 64:
+        text += (f" At {p.tokens} tokens the possible gain is small: the embedding, lm_head and the "
+                 "boundary step's weight reads cost the same in both (the roofline ideal "
+                 f"{p.roofline_speedup:.2f}× counts them).")
+    if p.speedup > p.roofline_speedup * 1.1:
+        text += (" Above the roofline ideal: that ideal assumes the work runs at this machine's "
+                 "measured memory and matmul rates, and this run's layers ran slower than that, "
+                 "so the shared memory-bound work weighs less than the roofline says; the FLOP "
+                 f"ideal {p.ideal_speedup:.2f}× bounds it.")
+    return text
 
 
 def speed_text(row: dict) -> str:

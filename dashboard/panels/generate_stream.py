@@ -1,31 +1,28 @@
 """Run one variant as a stream for the UI, and compare two token sequences.
 
-The page shows each token as it arrives; this module only drives pop_analysis.engine.generate and
-returns plain dicts (timings, ids, per-layer call counts).
+The page shows each token as it arrives; this module only drives the library's side-by-side run
+and returns plain dicts (timings, ids, per-layer call counts).
 """
 from __future__ import annotations
 
-from pop_analysis.engine.counters import count_calls
-from pop_analysis.engine.generate import SamplingConfig, generate
+from pop_analysis.inspection.side_by_side import run_variant
 
 
-def stream_variant(lm, prompt_ids: list[int], variant: str, skip, cfg: SamplingConfig,
-                   on_token=None) -> dict:
-    """Generate with call counting on; `on_token(ids_so_far)` after each token. Returns a dict."""
-    ids: list[int] = []
-    times: list[float] = []
-    with count_calls(lm.adapter) as counts:
-        for tok in generate(lm, prompt_ids, variant, skip, cfg, counts=counts):
-            ids.append(tok.token_id)
-            times.append(tok.elapsed_s)
-            if on_token is not None:
-                on_token(ids)
-    ttft = times[0] if times else 0.0
-    decode_s = times[-1] - ttft if times else 0.0
-    return {"variant": variant, "skip": list(skip), "token_ids": ids, "times": times,
-            "ttft_s": ttft, "decode_s": decode_s,
-            "decode_tok_s": (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else None,
-            "counts": counts.as_dict()}
+def stream_variant(lm, prompt_ids: list[int], variant: str, skip, cfg, on_token=None) -> dict:
+    """Generate with call counting on; `on_token(ids_so_far)` after each token. Returns a dict
+    (pop_analysis.inspection.side_by_side.run_variant, which the stored examples use too)."""
+    return run_variant(lm, prompt_ids, variant, skip, cfg, on_token)
+
+
+def repeats(ids: list[int], longest: int = 6, times: int = 3) -> bool:
+    """Whether some run of 1..`longest` tokens repeats `times` times back to back (at least four
+    tokens in all): the loop a drifted cache can fall into ("Goldsboro Goldsboro ...")."""
+    for n in range(1, longest + 1):
+        k = max(times, -(-4 // n))  # a single token must come four times
+        for i in range(len(ids) - n * k + 1):
+            if all(ids[i + j * n:i + (j + 1) * n] == ids[i:i + n] for j in range(1, k)):
+                return True
+    return False
 
 
 def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:

@@ -122,6 +122,8 @@ def stop() -> None:
     s = st.session_state.pop(SERVING, None)
     if s is not None:
         s.stop()
+        # the start's note ("Engines ready in ...") must not outlive the engines
+        st.session_state[jobs.NOTE + "serve_start"] = ("info", "Engines stopped.", ())
 
 
 def generate(s: Serving, prompt: str, max_tokens: int) -> None:

@@ -12,75 +12,101 @@ from dashboard.session import state
 from dashboard.session.links import SOURCE_KEYS
 from dashboard.session.resources import (
     load_log,
+    loading,
     locked,
+    started,
     memory_in_use,
-    shared_model,
     unload_models,
 )
 from pop_analysis.data.allowed_paths import check_model
-from pop_analysis.engine.models import REGISTRY, ModelLoadError
+from pop_analysis.engine.embedded import REGISTRY
 from pop_analysis.store.paths import cache_dir
 
 # radio label -> a registry name (an embedded model) or "hub" / "local"
 SOURCES = {label: key for key, label in SOURCE_KEYS.items()}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_ERRORS = (ValueError, OSError, RuntimeError)  # ModelLoadError is a RuntimeError
 
 
 # ---------- model ----------
 
 def _devices() -> list[str]:
-    import torch
+    """auto and cpu, and cuda once torch (imported by the model's load) sees one: the first page
+    must not wait for torch to import."""
+    import sys
 
-    return ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    cuda = "torch" in sys.modules and sys.modules["torch"].cuda.is_available()
+    return ["auto", "cpu"] + (["cuda"] if cuda or st.session_state.get("w.device") == "cuda" else [])
 
 
 def _spec_from_form(source: str, name: str, device: str, dtype: str) -> state.ModelSpec:
     embedded = SOURCES[source] in REGISTRY
     name = SOURCES[source] if embedded else name.strip()
     if not name:
-        raise ModelLoadError("give a hub id (owner/name) or a local directory")
+        raise ValueError("give a hub id (owner/name) or a local directory")
     if not embedded:
         check_model(name)  # outside the allowed folders: refused unread (a hub id resolves in cwd)
     return state.ModelSpec(name, None if device == "auto" else device, None if dtype == "auto" else dtype)
 
 
+def _on_choice() -> None:
+    """An embedded model, a device or a dtype acts at once (the model loads in the background)."""
+    ss = st.session_state
+    if SOURCES[ss["w.model_source"]] not in REGISTRY:
+        return  # a hub id or a folder waits for its name and "Load model"
+    ss.pop(state.LINK_ERROR, None)
+    state.set_model_spec(_spec_from_form(ss["w.model_source"], "", ss["w.device"], ss["w.dtype"]))
+    ss[state.UNLOADED] = False
+
+
 def model_form() -> None:
-    """Sidebar form: model source, name, device, dtype; loads on submit, errors shown here."""
-    with st.sidebar.form("model_form", border=False):
-        source = st.radio("Model", list(SOURCES), key="w.model_source")
-        name = st.text_input("Hub id or directory", key="w.model_name",
-                             placeholder="Qwen/Qwen3-0.6B or /path/to/model",
-                             disabled=False, help="ignored for the embedded models")
-        c1, c2 = st.columns(2)
-        device = c1.selectbox("Device", _devices(), key="w.device")
-        dtype = c2.selectbox("dtype", DTYPES, key="w.dtype")
-        submitted = st.form_submit_button("Load model", width="stretch")
+    """Sidebar: model source, device, dtype (each acts when changed); a hub id or a local
+    directory is typed, then loaded with its button. Errors are shown here, once."""
+    side = st.sidebar
+    source = side.radio("Model", list(SOURCES), key="w.model_source", on_change=_on_choice)
+    c1, c2 = side.columns(2)
+    device = c1.selectbox("Device", _devices(), key="w.device", on_change=_on_choice)
+    dtype = c2.selectbox("dtype", DTYPES, key="w.dtype", on_change=_on_choice)
     refused = st.session_state.get(state.LINK_ERROR)
-    if refused and not submitted:
-        st.sidebar.error(refused)
-    if submitted:
+    if refused:
+        side.error(refused)
+    if SOURCES[source] in REGISTRY:
+        if st.session_state.get(state.UNLOADED):
+            side.button("Load model", key="w.load", on_click=_on_choice, width="stretch")
+        return
+    with side.form("model_form", border=False):
+        name = st.text_input("Hub id or directory", key="w.model_name",
+                             placeholder="Qwen/Qwen3-0.6B or /path/to/model")
+        submitted = st.form_submit_button("Load model", width="stretch")
+    if submitted:  # a typed model is loaded before it replaces the current one
         st.session_state.pop(state.LINK_ERROR, None)
         try:
             spec = _spec_from_form(source, name, device, dtype)
-            with st.sidebar, st.spinner(f"Loading {spec.name} ..."):
-                shared_model(*spec.key)
-        except (ModelLoadError, ValueError, OSError, RuntimeError) as e:
-            st.sidebar.error(f"Model not loaded: {e}")
+            loading.clear(*spec.key)  # a failed load of the same spec is tried again
+            with side, st.spinner(f"Loading {spec.name} ..."):
+                loading(*spec.key).wait()
+        except LOAD_ERRORS as e:
+            side.error(f"Model not loaded: {e}")
             return
         state.set_model_spec(spec)
         st.session_state[state.UNLOADED] = False
 
 
-def current_model():
-    """The shared model of the session's spec, or None (unloaded / failed, message shown)."""
+def current_model(say_why: bool = True):
+    """The shared model of the session's spec, or None: unloaded, failed (the reason shown in
+    the sidebar unless `say_why` is off: app.py says it once a run), not asked for yet or still
+    loading (the sidebar's panel says so). Never starts a load: the page does (model_or_stop),
+    once it has drawn what needs no model."""
     if st.session_state.get(state.UNLOADED):
         return None
-    spec = state.model_spec()
+    lo = started(*state.model_spec().key)
+    if lo is None or not lo.ready:
+        return None
     try:
-        with st.spinner(f"Loading {spec.name} ..."):
-            return shared_model(*spec.key)
-    except (ModelLoadError, ValueError, OSError, RuntimeError) as e:
-        st.sidebar.error(f"Model not loaded: {e}")
+        return lo.wait()
+    except LOAD_ERRORS as e:
+        if say_why:
+            st.sidebar.error(f"Model not loaded: {e}")
         return None
 
 
@@ -88,7 +114,12 @@ def model_panel(lm) -> None:
     """Facts about the loaded model, memory in use, and the unload button."""
     side = st.sidebar
     if lm is None:
-        side.info("No model loaded. Choose one above and press **Load model**.")
+        lo = started(*state.model_spec().key)
+        if st.session_state.get(state.UNLOADED):
+            side.info("No model loaded. Choose one above.")
+        elif lo is None or not lo.ready:  # a failed load has said why above
+            side.info(f"Loading **{state.model_spec().name}** in the background ... The pages "
+                      "show stored examples meanwhile.")
         return
     card = lm.card()
     loads = len(load_log())
@@ -106,10 +137,19 @@ def model_panel(lm) -> None:
 
 
 def model_or_stop():
-    """For pages: the shared model, or a note and stop when none is loaded."""
-    lm = current_model()
+    """For pages: the shared model (waiting for a load under way, then drawing the page again
+    so the sidebar shows it), or a note and stop when none is loaded."""
+    lm = current_model(say_why=False)  # the sidebar has said why already
+    if lm is None and not st.session_state.get(state.UNLOADED):
+        key = state.model_spec().key
+        lo = started(*key)
+        if lo is None or not lo.ready:  # the sidebar drew this run without the model's outcome
+            lo = loading(*key)
+            with st.spinner(f"Loading {lo.name} in the background ..."):
+                lo.thread.join()
+            st.rerun()
     if lm is None:
-        st.info("No model is loaded. Load one in the sidebar to use this page.")
+        st.info("No model is loaded. Choose one in the sidebar to use this page.")
         st.stop()
     return lm
 
@@ -247,8 +287,13 @@ def _short(v, width: int = 60) -> str:
 
 def made_from(key: str, now: dict | None = None, action: str = "Run") -> None:
     """Under a result: the settings it came from and, when the inputs on screen differ, a stale
-    note naming what changed and the button that updates it."""
+    note naming what changed and the button that updates it. A stored example says what it is
+    (model, data, machine, date) and that the user's own run replaces it."""
     ctx = state.context_of(key)
+    if "example" in ctx:
+        st.info(f"**{ctx['example']}**. Press **{action}** for your own run: it replaces this "
+                f"example. Made by `{ctx.get('command', '')}`.", icon=":material/school:")
+        return
     if ctx:
         st.caption("Made from: " + " · ".join(f"{k} {_short(v)}" for k, v in ctx.items()
                                                if k != "partial"))

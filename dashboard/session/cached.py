@@ -41,19 +41,19 @@ def stored_entries(kind: str) -> list[dict]:
     return store.entries(kind)
 
 
-def load_result(kind: str, key: str, cls):
+def load_result(kind: str, key: str, cls, what: str = "Run it again."):
     """A stored result rebuilt with `cls.from_dict` once records.check passes it, or None when
-    missing or invalid (an invalid one gets a warning here, where the user asked for it)."""
+    missing or invalid: one error here, where the user asked for it, saying why and `what` to do
+    (a page adds nothing: each error is shown once)."""
     try:
         payload = stored_payload(kind, key)
         check(kind, cls, payload)
         return cls.from_dict(payload)
     except StoredMiss as e:
-        reason = e.reason
+        reason = e.reason or f"the stored {kind} result {key} is missing"
     except RecordError as e:
         reason = f"stored {kind} result {key} not used ({e})"
-    if reason:
-        st.warning(reason)
+    st.error(f"That entry cannot be shown: {reason}. {what}")
     return None
 
 

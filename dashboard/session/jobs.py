@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import streamlit as st
-import torch
 
 from dashboard.session import state
 from dashboard.session.resources import locked
@@ -42,6 +41,7 @@ class Job:
     seconds: float | None = None  # wall time once finished
     thread: threading.Thread | None = None
     context: dict = field(default_factory=dict)  # the settings it was started with
+    model: str | None = None  # the model it runs on: its result is that model's
 
     @property
     def running(self) -> bool:
@@ -67,8 +67,8 @@ def running(name: str) -> bool:
 
 def start(name: str, label: str, fn: Callable, on_done: Callable, context: dict | None = None) -> Job:
     """Run fn(progress) on a worker thread under the model's run lock; returns the Job."""
-    job = Job(name, label, on_done, context=dict(context or {}))
     key = state.model_spec().key
+    job = Job(name, label, on_done, context=dict(context or {}), model=key[0])
 
     def wait() -> None:
         job.waiting = True
@@ -139,8 +139,13 @@ def _live(name: str) -> None:
 
 
 def fraction(job: Job) -> float:
-    p = job.monitor.snapshot()[0]
-    return min(max(p.fraction, 0.0), 1.0) if p is not None else 0.0
+    """How far the run is: by time once the rest can be estimated, by units before."""
+    p, elapsed, eta = job.monitor.snapshot()
+    if p is None:
+        return 0.0
+    if eta is None:
+        return min(max(p.fraction, 0.0), 1.0)
+    return min(max(elapsed / (elapsed + eta), 0.0), 1.0) if elapsed + eta > 0 else 1.0
 
 
 def status(job: Job) -> str:
@@ -152,7 +157,7 @@ def status(job: Job) -> str:
         return f"{job.label}: stopping at the next step ..."
     text = f"{job.label}: {duration(elapsed)} so far"
     if p is not None:
-        text += f" · {p.done} of {p.total} steps · {describe_eta(eta, p.unmeasured)}"
+        text += f" · {describe_eta(eta, p.unmeasured)}"
         if p.message:
             text += f" · now: {p.message}"
     return text
@@ -176,15 +181,18 @@ def outcome(job: Job, key: str, what: str, oom_hint: str, finished, done) -> tup
             return "warning", f"{what}: cancelled after {duration(job.seconds)}; nothing had finished."
         kept = finished(part)
         state.keep_result(key, part, {**job.context,
-                                      "partial": f"cancelled; {kept} finished (not stored)"})
+                                      "partial": f"cancelled; {kept} finished (not stored)"},
+                          job.model)
         return "warning", (f"{what}: cancelled after {duration(job.seconds)}; showing the {kept} "
                            "that finished (not stored).")
     if job.error is not None:
+        import torch
+
         if isinstance(job.error, torch.OutOfMemoryError):
             return "error", f"{what}: out of memory; {oom_hint}"
         return "error", f"{what} failed: {first_line(job.error)}"
     result, hit = job.result
-    state.keep_result(key, result, job.context)
+    state.keep_result(key, result, job.context, job.model)
     if hit:
         return "success", f"{what}: loaded from the results store."
     return "success", f"{what}: {done(result)}; stored for next time."

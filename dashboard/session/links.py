@@ -12,7 +12,7 @@ import streamlit as st
 
 from dashboard.session import state
 from pop_analysis.data.allowed_paths import PathNotAllowed, check_model
-from pop_analysis.engine.models import REGISTRY
+from pop_analysis.engine.embedded import REGISTRY
 from pop_analysis.engine.skipset import SkipSetError, describe, parse_layers
 
 # the sidebar form's radio labels: one per embedded model (by registry name), hub, local
@@ -30,12 +30,22 @@ def parse_skip(text: str) -> tuple[int, ...]:
     return () if text in ("", "none") else parse_layers(text)
 
 
+PRESENT = "present"  # ?present=1: the presenter's view
+PAGE_PARAMS = {"stepthrough": ("step",)}  # parameters one page owns (cleared on the others)
+
+
+def presenting_link() -> bool:
+    return st.query_params.get(PRESENT) in ("1", "true", "yes")
+
+
 def apply_link() -> None:
-    """First run of a session: take model, device, dtype and skip set from the query string."""
+    """First run of a session: take model, device, dtype, skip set and the presenter's view
+    from the query string."""
     if st.session_state.get(state.URL_READ):
         return
     st.session_state[state.URL_READ] = True
     q = st.query_params
+    st.session_state[state.PRESENT] = presenting_link()
     name = q.get("model")
     if name:
         try:
@@ -66,11 +76,14 @@ def _fill_model_form(spec: state.ModelSpec) -> None:
     st.session_state["w.dtype"] = spec.dtype or "auto"
 
 
-def write_link(skip=None) -> str:
-    """Put the current model and skip set in the address bar (no rerun); returns the query."""
+def write_link(skip=None, page: str | None = None) -> str:
+    """Put the current model, skip set and presenter's view in the address bar (no rerun), and
+    drop the parameters of pages other than `page`; returns the query."""
     spec = state.model_spec()
     want = {"model": spec.name, "device": spec.device, "dtype": spec.dtype,
-            "skip": None if skip is None else skip_text(skip)}
+            "skip": None if skip is None else skip_text(skip),
+            PRESENT: "1" if state.presenting() else None}
+    want.update({k: None for p, keys in PAGE_PARAMS.items() if p != page for k in keys})
     q = st.query_params
     for k, v in want.items():
         if v is None:

@@ -15,8 +15,10 @@ import streamlit as st
 from dashboard.charts import calibrate as calibrate_charts
 from dashboard.charts import drift as drift_charts
 from dashboard.charts import methods as methods_charts
+from dashboard.charts import stepthrough as step_charts
 from dashboard.session import state
 from pop_analysis.engine.skipset import describe
+from pop_analysis.experiments.paper import PAPER_DRIFT
 from pop_analysis.importance.methods import METHODS, primary
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -26,17 +28,14 @@ table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;paddin
 
 
 def snapshot() -> dict:
-    """The session's current results and the settings they came from (references, no copies)."""
-    keys = (state.CALIBRATION, state.GENERATION, state.DRIFT, state.DRIFT_B, state.DRIFT_LENGTH,
-            state.SWEEP, state.IMPORTANCE, state.METHOD_COMPARE, state.CHOICE)
-    ss = st.session_state
-    return {"model": state.model_spec().name, "skip": ss.get(state.SKIP),
-            "results": {k: ss[k] for k in keys if ss.get(k) is not None},
-            "context": {k: state.context_of(k) for k in keys}}
+    """The session's current results, per model, and the settings they came from (references,
+    no copies): one model's runs are never mixed into another's section."""
+    return {"model": state.model_spec().name, "skip": st.session_state.get(state.SKIP),
+            "models": state.results_by_model()}
 
 
 def build(snap: dict) -> str:
-    """The report as one HTML page."""
+    """The report as one HTML page: a section per model, the loaded one first."""
     parts = [f"<h1>POP Lab report</h1><p class=note>{datetime.datetime.now():%Y-%m-%d %H:%M} · "
              f"model {_e(snap['model'])} · skip set "
              f"{_e(describe(snap['skip'] or ()))}</p>"]
@@ -47,13 +46,17 @@ def build(snap: dict) -> str:
         js[0] = False
         return out
 
-    res, ctx = snap["results"], snap["context"]
-    if not res:
+    models = snap["models"]
+    if not models:
         parts.append("<p>No results in this session yet: run a calibration, a generation, a "
                      "drift measurement or a sweep first.</p>")
-    for key, section in SECTIONS:
-        if key in res:
-            parts.append(section(res[key], fig) + _context(ctx.get(key)))
+    for model in sorted(models, key=lambda m: m != snap["model"]):
+        parts.append(f"<h1 class=model>Model {_e(model)}</h1>")
+        res = models[model]
+        for key, section in SECTIONS:
+            if key in res:
+                result, ctx = res[key]
+                parts.append(section(result, fig) + _context(ctx))
     return (f"<!doctype html><html><head><meta charset=utf-8><title>POP Lab report</title>"
             f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
 
@@ -65,6 +68,8 @@ def _e(x) -> str:
 def _context(ctx: dict | None) -> str:
     if not ctx:
         return ""
+    if "example" in ctx:
+        return f"<p class=note>{_e(ctx['example'])} (made by {_e(ctx.get('command', ''))})</p>"
     items = " · ".join(f"{_e(k)}: {_e(v)}" for k, v in ctx.items())
     return f"<p class=note>Made from: {items}</p>"
 
@@ -88,10 +93,14 @@ def _fmt(v) -> str:
 
 
 def _calibration(r, fig) -> str:
+    from pop_analysis.quality.stats import mean_halfwidths  # scipy: only when a report is made
+
     return (f"<h2>Calibration: {_e(r.dataset)}, {r.n_samples} samples</h2>"
             "<p>Importance of each layer's virtual gate, separately for prefill and decode "
             "positions. Layers with low prefill importance are those POP can skip.</p>"
-            + fig(calibrate_charts.importance_chart(r.prefill, r.decode, r.prefill_std, r.decode_std)))
+            + fig(calibrate_charts.importance_chart(
+                r.prefill, r.decode, mean_halfwidths(r.prefill_std, r.n_samples),
+                mean_halfwidths(r.decode_std, r.n_samples))))
 
 
 def _generation(g, fig) -> str:
@@ -110,7 +119,7 @@ def _drift(r, fig) -> str:
     return (f"<h2>Drift: {r.prompt_tokens} prompt tokens, skipped {_e(describe(r.skip_layers))}</h2>"
             "<p>Cosine similarity of POP's hidden states, K and V cache entries (prompt tokens) "
             "and decode-time attention outputs to the full model's.</p>"
-            + fig(drift_charts.drift_curves(d, r.skip_layers)) + fig(drift_charts.decode_steps_chart(r.kl, r.top1_agree)))
+            + fig(drift_charts.drift_panels(d, r.skip_layers, reference=PAPER_DRIFT)) + fig(drift_charts.decode_steps_chart(r.kl, r.top1_agree)))
 
 
 def _drift_b(r, fig) -> str:
@@ -148,14 +157,24 @@ def _method_compare(r, fig) -> str:
 
 
 def _choice(r, fig) -> str:
+    chart = methods_charts.candidates_chart(r.candidates, r.budget.get("max_delta_nll"), r.chosen)
     return (f"<h2>Budgeted choice ({_e(METHODS[r.method].title)}, {_e(r.shape)} sets)</h2>"
-            f"<p>{_e(r.note)}</p>"
-            + fig(methods_charts.candidates_chart(r.candidates, r.budget.get("max_delta_nll"), r.chosen))
+            f"<p>{_e(r.note)}</p>" + fig(chart)
             + _table(r.candidates, ["phase", "k", "set", "continuation_nll_delta", "next_token_top1",
                                     "meets"]))
 
 
-SECTIONS = ((state.CALIBRATION, _calibration), (state.GENERATION, _generation),
+def _stepthrough(r, fig) -> str:
+    rows = [{"run": s["run"], "step": s["stage"], "ms (median)": s["time_ms"],
+             "FLOPs vs full prefill": s["flops"] / r.full_prefill_flops,
+             "token": (s["token"] or [None, ""])[1]} for s in r.steps]
+    return (f"<h2>Step-through: {_e(r.prompt)} ({len(r.prompt_ids)} tokens), skipped "
+            f"{_e(describe(r.skip_layers))}</h2>" + fig(step_charts.clock(r.steps, r.steps[0]))
+            + _table(rows))
+
+
+SECTIONS = ((state.STEPTHROUGH, _stepthrough), (state.CALIBRATION, _calibration),
+            (state.GENERATION, _generation),
             (state.DRIFT, _drift), (state.DRIFT_B, _drift_b), (state.DRIFT_LENGTH, _drift_length),
             (state.SWEEP, _sweep), (state.IMPORTANCE, _importance),
             (state.METHOD_COMPARE, _method_compare), (state.CHOICE, _choice))

@@ -1,4 +1,9 @@
-"""One model instance per (name, device, dtype), shared by every page and session."""
+"""One model instance per (name, device, dtype), shared by every page and session, loaded on a
+thread of its own: pages draw what needs no model (text, stored examples) while it loads.
+
+Nothing here imports torch at module level: the first page's text and charts must not wait for
+torch and transformers to import (seconds on a busy machine); the loading thread imports them.
+"""
 from __future__ import annotations
 
 import gc
@@ -10,7 +15,6 @@ from contextlib import contextmanager
 import streamlit as st
 
 from pop_analysis.data.allowed_paths import check_model
-from pop_analysis.engine.models import load_model
 
 
 @st.cache_resource(show_spinner=False)
@@ -20,14 +24,62 @@ def load_log() -> list:
     return []
 
 
+class Loading:
+    """One model's load on a background thread; `wait()` gives the model or raises its error."""
+
+    def __init__(self, name: str, device: str | None, dtype: str | None):
+        self.name, self.started = name, time.time()
+        self.model = self.error = None
+        self.thread = threading.Thread(target=self._load, args=(name, device, dtype),
+                                       name=f"poplab-load-{name}", daemon=True)
+        self.thread.start()
+
+    def _load(self, name, device, dtype) -> None:
+        try:
+            check_model(name)  # the allowed-path rule: a link, the model box, the pages all end here
+            from pop_analysis.engine.models import load_model
+
+            self.model = load_model(name, device=device, dtype=dtype)
+            load_log().append((name, device, dtype, time.time()))
+        except BaseException as e:  # noqa: BLE001 - raised again by wait(), where it is shown
+            self.error = e
+
+    @property
+    def ready(self) -> bool:
+        return not self.thread.is_alive()
+
+    def wait(self, timeout: float | None = None):
+        self.thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+        return self.model
+
+
+_STARTED: set[tuple] = set()  # specs whose load has been asked for (loading() entries)
+
+
 @st.cache_resource(show_spinner=False, max_entries=2)
+def loading(name: str, device: str | None, dtype: str | None) -> Loading:
+    """The load of (name, device, dtype), started by the first page or session that asks."""
+    _STARTED.add((name, device, dtype))
+    return Loading(name, device, dtype)
+
+
+def started(name: str, device: str | None, dtype: str | None) -> Loading | None:
+    """The load of that spec if one was asked for, without starting one: the sidebar must not
+    start a load (its imports compete with the first page for the interpreter) before the
+    page has drawn what needs no model; pages start it (widgets.model_or_stop)."""
+    return loading(name, device, dtype) if (name, device, dtype) in _STARTED else None
+
+
 def shared_model(name: str, device: str | None, dtype: str | None):
-    """Load once; later calls from any page or session get the same instance. Every name passes
-    the allowed-path rule first (a link, the model box and the pages all end here)."""
-    check_model(name)
-    lm = load_model(name, device=device, dtype=dtype)
-    load_log().append((name, device, dtype, time.time()))
-    return lm
+    """The shared instance, loaded once (waits for a load under way); raises the load's error."""
+    lo = loading(name, device, dtype)
+    try:
+        return lo.wait()
+    except BaseException:
+        loading.clear(name, device, dtype)
+        raise
 
 
 class Held:
@@ -77,7 +129,8 @@ def model_lock(name: str, device: str | None, dtype: str | None) -> RunLock:
 
 def unload_models() -> None:
     """Drop every shared model (all sessions) and give the memory back."""
-    shared_model.clear()
+    loading.clear()
+    _STARTED.clear()
     gc.collect()
     try:
         import torch

@@ -29,6 +29,12 @@ SWEEP = "lab.sweep"  # the last SweepResult shown
 IMPORTANCE = "lab.importance"  # the last ImportanceResult shown (Methods page)
 METHOD_COMPARE = "lab.method_compare"  # the last ComparisonResult of the methods' skip sets
 CHOICE = "lab.choice"  # the last ChoiceResult (Skip set page: the budgeted choice)
+STEPTHROUGH = "lab.stepthrough"  # the last StepThrough shown
+RESULTS = (CALIBRATION, GENERATION, DRIFT, DRIFT_B, DRIFT_LENGTH, SWEEP, STEPTHROUGH, IMPORTANCE,
+           METHOD_COMPARE, CHOICE)
+SHOWN_FOR = "lab.results_model"  # the model whose results RESULTS hold now
+ARCHIVE = "lab.results_by_model"  # model -> {key: (result, context)} of the other models
+PRESENT = "lab.present"  # True in the presenter's view (large type, fewer controls)
 CONTEXT = "lab.context."  # + result key: the settings a result came from (dict)
 MESSAGE = "lab.message"  # one-shot (level, text) shown where the user acted, after a rerun
 KEEP = "keep."  # + widget key: the canonical copy of a kept input
@@ -131,9 +137,48 @@ def value(key: str, default=None):
 
 # ---------- results and the settings they came from ----------
 
-def keep_result(key: str, result, context: dict) -> None:
+def keep_result(key: str, result, context: dict, model: str | None = None) -> None:
+    """Show `result` under `key` with the settings it came from; one made for another model
+    (a background run that finished after a switch) goes to that model's results instead."""
+    shown = st.session_state.get(SHOWN_FOR)
+    if model is not None and shown is not None and model != shown:
+        st.session_state.setdefault(ARCHIVE, {}).setdefault(model, {})[key] = (result, dict(context))
+        return
     st.session_state[key] = result
     st.session_state[CONTEXT + key] = dict(context)
+
+
+def follow_model(name: str) -> None:
+    """Results belong to the model they were made with: when the session's model changes, the
+    shown results are put away under the old model and the new model's come back (none is ever
+    drawn through another model's tokenizer or layer count)."""
+    ss = st.session_state
+    old = ss.get(SHOWN_FOR)
+    if old == name:
+        return
+    archive = ss.setdefault(ARCHIVE, {})
+    if old is not None:
+        archive[old] = {k: (ss.pop(k), ss.pop(CONTEXT + k, {})) for k in RESULTS if k in ss}
+    for k in RESULTS:
+        ss.pop(k, None)
+        ss.pop(CONTEXT + k, None)
+    for k, (result, context) in archive.pop(name, {}).items():
+        ss[k], ss[CONTEXT + k] = result, context
+    ss[SHOWN_FOR] = name
+
+
+def results_by_model() -> dict:
+    """model -> {key: (result, context)}: the shown model's results and the put-away ones."""
+    ss = st.session_state
+    out = {m: dict(r) for m, r in ss.get(ARCHIVE, {}).items()}
+    shown = ss.get(SHOWN_FOR)
+    if shown is not None:
+        out[shown] = {k: (ss[k], context_of(k)) for k in RESULTS if ss.get(k) is not None}
+    return {m: r for m, r in out.items() if r}
+
+
+def presenting() -> bool:
+    return bool(st.session_state.get(PRESENT))
 
 
 def context_of(key: str) -> dict:

@@ -174,6 +174,10 @@ class DecoderAdapter:
         """Fitted K projections registered for layer i (call counters count them as k_proj)."""
         return [e.maps[i][0] for e in self.kv_maps.values() if i in e.maps]
 
+    def rotary_module(self) -> torch.nn.Module:
+        """The rotary embedding: called with each chunk's position ids (hooks learn what runs)."""
+        return self.base.rotary_emb
+
     def input_norm(self, i: int) -> torch.nn.Module:
         return self.layers[i].input_layernorm
 

@@ -32,6 +32,13 @@ PAPER_TABLES: dict = {
 }
 
 
+# Appendix: cosine POP vs full over the skipped block (Qwen3-VL-8B, layers 25-36), POP_METHOD.md §8.
+# quantity -> (value, what the paper says of it); K is plotted there, not quoted.
+PAPER_DRIFT = {"hidden": (0.71, "falls to about 0.71 by the last layer"),
+               "v": (0.46, "falls as low as 0.46"),
+               "attn_out": (0.96, "stays above 0.96 in every skipped layer")}
+
+
 def paper_frame(table: str):
     """One of PAPER_TABLES as a DataFrame (rows x columns) for side-by-side display."""
     import pandas as pd

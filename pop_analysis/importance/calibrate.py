@@ -240,7 +240,8 @@ def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = Cali
     n = len(prompt_ids)
     n_loo = min(cfg.loo_samples, n)
     batches = _batches(lm, prompt_ids, cfg)
-    plan = {"sampling": len(batches) * cfg.max_new_tokens, "gradients": n, "leave-one-out": n_loo}
+    plan = {"prefill": len(batches), "sampling": len(batches) * cfg.max_new_tokens,
+            "gradients": n, "leave-one-out": n_loo}
     tracker = Tracker(n + n_loo, progress, "sampling responses", plan=plan)
     loo = None
     try:
@@ -277,7 +278,7 @@ def _taylor_pass(lm, prompt_ids, batches: list[list[int]], cfg: CalibrationConfi
             part, extra = sample_and_gradients(
                 lm, [prompt_ids[i] for i in idx], [sample_seed(cfg.seed, i) for i in idx], cfg,
                 gates, influence=True, tick=lambda m: tick(f"{head}: {m}"),
-                on_step=lambda step: _sampled(tracker, tick, f"{head}: sampling token {step + 1}"))
+                on_step=lambda step: _sampled(tracker, tick, step, head))
             tracker.plan["sampling"] -= cfg.max_new_tokens - max(map(len, part))  # EOS came early
             g = {"prefill": gates.prefill.grad.detach().cpu(),
                  "decode": gates.decode.grad.detach().cpu(), **extra}
@@ -303,10 +304,11 @@ def _batches(lm, prompt_ids, cfg: CalibrationConfig) -> list[list[int]]:
     return plan_batches([len(p) for p in prompt_ids], rows)
 
 
-def _sampled(tracker: Tracker, tick, message: str) -> None:
-    """One sampled token: a unit of the tracker's "sampling" work (checks for cancellation)."""
-    tracker.step(0, kind="sampling", weight=1)
-    tick(message)
+def _sampled(tracker: Tracker, tick, step: int, head: str) -> None:
+    """The prompt's pass (step -1) or one sampled token: a unit of the tracker's "prefill" or
+    "sampling" work (checks for cancellation)."""
+    tracker.step(0, kind="prefill" if step < 0 else "sampling", weight=1)
+    tick(f"{head}: prompt read" if step < 0 else f"{head}: sampling token {step + 1}")
 
 
 def _loo_pass(lm, prompt_ids, responses, n_loo: int, rows_per_pass: int, tracker: Tracker) -> dict:

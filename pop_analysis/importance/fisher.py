@@ -150,7 +150,8 @@ def sample_and_gradients(lm, prompts: list[list[int]], seeds: list[int], cfg,
 
     Returns (responses, extra): extra holds "loss" (B,) and, with influence, "bi_prefill" and
     "bi_decode" (B, L), on the CPU. Without gates it only samples (no autograd at all).
-    tick(message) hears each layer of the two gated forwards and of the backward.
+    tick(message) hears each layer of the two gated forwards and of the backward; on_step(i)
+    hears each sampled token i, and on_step(-1) the end of the prompt's pass.
     Gates must be at 1: the sampling steps (and the loss they score) run the ungated model.
     """
     if gates is not None and not all(bool((g == 1).all()) for g in (gates.prefill, gates.decode)):
@@ -169,6 +170,8 @@ def sample_and_gradients(lm, prompts: list[list[int]], seeds: list[int], cfg,
             adapter.forward_padded(ids[:, :-1], mask[:, :-1], pos[:, :-1], cache)  # (B, W-1, D)
         if bi is not None:
             extra["bi_prefill"] = _stage_bi(bi, prefill_stages, adapter.n_layers, PREFILL)
+    if on_step is not None:
+        on_step(-1)  # the prompt's pass is done: progress displays time it apart from sampling
     terms = _LossTerms(adapter, B, dtype) if grad_on else None
     steps = adapter.fork_cache(cache, W + cfg.max_new_tokens)
     responses = _decode(lm, steps, ids[:, -1:], mask, pos[:, -1:], seeds, cfg, terms, on_step)

@@ -141,3 +141,12 @@ def required_n(sd: float, width: float, confidence: float = CONFIDENCE) -> int:
     while 2 * st.t.ppf(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n) >= width:
         n += 1
     return n
+
+
+def mean_halfwidths(stds, n: int) -> list[float] | None:
+    """Half-widths of the 95% Student t interval of means over n samples, from the samples'
+    standard deviations divided by n (as a calibration stores them); None below 2 samples."""
+    if n < 2 or stds is None:
+        return None
+    q = float(st.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) / math.sqrt(n - 1)  # s_n / sqrt(n-1) = SE
+    return [q * float(s) for s in stds]

@@ -9,7 +9,7 @@ roofline ideal (machine.py's measured rates).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -79,6 +79,15 @@ class PrefillSpeed:
     def shares(self) -> dict:
         return {"share_of_flop_ideal": round(self.speedup / self.ideal_speedup, 4),
                 "share_of_roofline_ideal": round(self.speedup / self.roofline_speedup, 4)}
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "timing": asdict(self.timing),
+                "ideal_speedup": self.ideal_speedup, "roofline_speedup": self.roofline_speedup}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PrefillSpeed":
+        return cls(int(d["tokens"]), Timing(**d["timing"]), float(d["ideal_speedup"]),
+                   float(d["roofline_speedup"]))
 
 
 def time_prefill(lm: LoadedModel, ids: torch.Tensor, variant: str, skip,

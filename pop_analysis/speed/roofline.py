@@ -130,6 +130,23 @@ def kv_only_ops(s: Shape, i: int, tokens: int, b: int = 4, batch: int = 1) -> li
             _elementwise(p + "kv_write", 2 * rows * dkv, b)]
 
 
+def chunk_ops(s: Shape, i: int, past: int, tokens: int, kv_only: bool = False, b: int = 4) -> list[Op]:
+    """Layer i over `tokens` consecutive positions after `past` cached ones: in full, or only
+    POP's K/V projection (the step-through counts each step's work from what ran)."""
+    if kv_only:
+        return kv_only_ops(s, i, tokens, b)
+    return layer_ops(s, i, tokens, *attention_span(s, i, past, tokens), b)
+
+
+def embed_ops(s: Shape, n: int, b: int = 4) -> list[Op]:
+    return _embed(s, n, b, 1)
+
+
+def head_ops(s: Shape, b: int = 4) -> list[Op]:
+    """Final norm and lm_head for one position (the token a step chooses)."""
+    return _head(s, b, 1)
+
+
 def _embed(s, n, b, batch) -> list[Op]:
     return [_elementwise("embedding", 2 * batch * n * s.hidden, b)]
 

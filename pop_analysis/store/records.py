@@ -290,8 +290,82 @@ def _drift_by_length(d: dict, n_layers: int | None, expect: dict) -> None:
                           f"{_short(expect['lengths'])}")
 
 
+STEP_PARTS = ("attention", "ffn", "kv")  # a step-through step's grid: positions per layer
+STEP_NUMBERS = ("flops", "time_ms", "start_ms")
+
+
+def _stepthrough(d: dict, n_layers: int | None, expect: dict) -> None:
+    n = _layers(d, n_layers)
+    _layer_ids(d["skip_layers"], n, "skip_layers")
+    n_tok = len(d["prompt_ids"])
+    _length(d["tokens"], n_tok, "tokens")
+    if not 1 <= n_tok <= 64 or not d["steps"]:
+        raise RecordError(f"a step-through holds 1..64 prompt tokens and some steps, not {n_tok}")
+    for run, lengths in d["cache_lengths"].items():
+        _ints(lengths, f"cache_lengths.{run}", 0, 10_000)
+        _length(lengths, n, f"cache_lengths.{run}")
+    for j, step in enumerate(d["steps"]):
+        _step(step, n, f"steps[{j}]")
+    numbers([d["ttft"].get(k) for k in ("full_ms", "pop_ms", "speedup")], "ttft")
+
+
+def _step(step, n: int, where: str) -> None:
+    if not isinstance(step, dict) or step.get("run") not in ("full", "pop") or \
+            not isinstance(step.get("stage"), str):
+        raise RecordError(f"{where} is not a step of the full or the pop run")
+    for part in STEP_PARTS:
+        grid = step.get(part)
+        if not isinstance(grid, list) or len(grid) != n:
+            raise RecordError(f"{where}.{part} is not a list of positions per layer")
+        for i, pos in enumerate(grid):
+            _ints(pos, f"{where}.{part}[{i}]", 0, 10_000)
+    calls = step.get("calls")
+    if not isinstance(calls, dict) or not calls:
+        raise RecordError(f"{where}.calls is {_short(calls)}, not the step's call counts")
+    for kind, per_layer in calls.items():
+        _ints(per_layer, f"{where}.calls.{kind}", 0, 10 ** 6)
+        _length(per_layer, n, f"{where}.calls.{kind}")
+    numbers([step.get(k) for k in STEP_NUMBERS], where)
+    numbers(step.get("times_ms"), f"{where}.times_ms")
+    for name, width in (("token", 2), ("top", None)):
+        v = step.get(name)
+        rows = [v] if name == "token" and v is not None else v or []
+        if not isinstance(rows, list) or not all(
+                isinstance(r, list) and len(r) in ((2,) if width else (3,)) and _is_int(r[0])
+                and isinstance(r[1], str) for r in rows):
+            raise RecordError(f"{where}.{name} is {_short(v)}, not token ids with their text")
+        if name == "top":
+            numbers([r[2] for r in rows], f"{where}.top")
+
+
+def _ints(xs, where: str, lo: int, hi: int) -> None:
+    if not isinstance(xs, list) or not all(_is_int(x) and lo <= x <= hi for x in xs):
+        raise RecordError(f"{where} is {_short(xs)}, not integers in {lo}..{hi}")
+
+
+def _generation(d: dict, n_layers: int | None, expect: dict) -> None:
+    _ints(d["prompt_ids"], "prompt_ids", 0, 2 ** 40)
+    _ints(d["skip_layers"], "skip_layers", 0, 2 ** 20)
+    for side in ("full", "other"):
+        run = d[side]
+        if not isinstance(run, dict):
+            raise RecordError(f"{side} is {_short(run)}, not a run")
+        _ints(run.get("token_ids"), f"{side}.token_ids", 0, 2 ** 40)
+        numbers(run.get("times"), f"{side}.times")
+        _length(run["times"], len(run["token_ids"]), f"{side}.times")
+        counts = run.get("counts")
+        if not isinstance(counts, dict):
+            raise RecordError(f"{side}.counts is {_short(counts)}, not counts by stage")
+        for stage, kinds in counts.items():
+            for kind, per_layer in (kinds.items() if isinstance(kinds, dict) else [(None, None)]):
+                _ints(per_layer, f"{side}.counts.{stage}.{kind}", 0, 10 ** 6)
+                if n_layers is not None:
+                    _length(per_layer, n_layers, f"{side}.counts.{stage}.{kind}")
+
+
 _SHAPES = {"calibration": _calibration, "drift": _drift, "sweep": _sweep,
-           "drift_by_length": _drift_by_length}
+           "drift_by_length": _drift_by_length, "stepthrough": _stepthrough,
+           "generation": _generation}
 
 
 def _short(v, limit: int = 40) -> str:

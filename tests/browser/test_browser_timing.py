@@ -12,6 +12,7 @@ from browser_wait import (
     CHROMIUM,
     PLOT,
     SHOTS,
+    gone,
     idle,
     install,
     rerun,
@@ -77,7 +78,9 @@ def test_two_sessions_never_show_a_lock_wait_as_speedup(server, two_pages):
              "() => (document.querySelector('.st-key-gen-out-full')?.innerText || '').trim() !== ''")
     t_b = time.time()
     b.get_by_role("button", name="Generate").click()
-    for page in (a, b):
+    for page in (a, b):  # the stored example's metrics were on the page before: wait for ours
+        gone(page, page.get_by_text(re.compile("Stored example: ")).first,
+             "the stored example to give way to this session's run", timeout_s=600)
         visible(page, page.get_by_text("Token agreement", exact=True), "the generation's metrics",
                 timeout_s=600)
         idle(page, timeout_s=600)

@@ -162,11 +162,15 @@ def test_empty_skip_set_reads_about_one_and_re_measures():
     assert again is not speed and again.timing.rounds >= 3
 
 
-def test_empty_prompt_is_an_error_not_a_crash():
+def test_generate_opens_with_a_prompt_and_an_empty_box_waits_for_one():
+    from pop_analysis.data.example_prompts import SHORT
+
     at = goto(app(), "generate")
-    at.button(key="gen.go").click().run()
-    assert not at.exception
-    assert "the prompt is empty" in texts(at.error)
+    assert at.text_area(key="gen.prompt").value == SHORT, "a prompt to start from"
+    assert not at.button(key="gen.go").disabled
+    at.text_area(key="gen.prompt").set_value("   ").run()
+    assert not at.exception and not at.error, "an empty box is not an error"
+    assert at.button(key="gen.go").disabled
 
 
 def test_drift_page_draws_the_curves():
@@ -203,8 +207,8 @@ def test_sweeps_page_loads_a_stored_sweep_beside_the_paper(embedded):
     stored, _ = sw.cached_sweep(embedded, "ratio", cfg)
     at = goto(app(), "sweeps")
     assert "Sweeps are not available" not in texts(at.warning)
-    assert "No sweep shown yet" in texts(at.info)
-    assert len(at.dataframe) == 4, "the paper's four tables"
+    assert "Stored example: smollm2-135m · ratio sweep" in texts(at.info), "the page opens with it"
+    assert len(at.dataframe) == 4 + 2, "the paper's four tables, the example's two"
     at.button(key="sw.load").click().run()
     assert not at.exception and not at.error, texts(at.error)
     assert len(charts(at)) == 1, "speed vs quality chart"
@@ -218,7 +222,7 @@ def test_unknown_model_keeps_the_previous_one():
 
     at = app()
     loads = len(load_log())
-    at.radio(key="w.model_source").set_value("Local directory")
+    at.radio(key="w.model_source").set_value("Local directory").run()  # the name box appears
     at.text_input(key="w.model_name").set_value("/nonexistent/model_dir")
     at.sidebar.button[0].click().run()  # the form's submit button
     assert not at.exception
@@ -236,6 +240,18 @@ def test_unload_then_load_again():
     at.button(key="w.unload").click().run()
     assert not at.exception
     assert "No model is loaded" in texts(at.info)
-    at.sidebar.button[0].click().run()  # Load model (embedded)
+    at.button(key="w.load").click().run()  # Load model (embedded)
     assert not at.exception
     assert charts(at) and len(load_log()) == loads + 1
+
+
+def test_a_model_that_fails_to_load_is_said_once(temp_store):
+    from dashboard.session.state import ModelSpec
+
+    at = app()
+    missing = temp_store / "no_model_here"  # inside the allowed cache folder, but no model
+    at.session_state["lab.model"] = ModelSpec(str(missing))
+    goto(at, "generate")
+    said = [e for e in at.sidebar.error if "Model not loaded" in str(e.value)]
+    assert len(said) == 1, (texts(at.sidebar.error), texts(at.error), texts(at.info))
+    assert "No model is loaded" in texts(at.info), "the page says what to do, once"

@@ -34,12 +34,15 @@ def test_length_sweep_plan_weights_by_tokens_and_cancel_keeps_lengths(tok_lm):
 
     def when(u):
         seen.append(u)
-        return u.message == "length: timed pop"
+        return sum(x.message == "length: timed pop" for x in seen) == 2  # stop after 32 tokens
 
     with pytest.raises(Cancelled) as e:
         length_sweep(tok_lm, cfg, progress=CancelWhen(when))
-    assert [r["length"] for r in e.value.partial.rows] == [16]
-    assert any(u.eta_s is not None for u in seen), "an estimate once timing was measured"
+    assert [r["length"] for r in e.value.partial.rows] == [16, 32]
+    # the first timing (16 tokens) is the run's first step: one-time costs, no estimate from it
+    first = next(i for i, u in enumerate(seen) if u.message == "length: timed pop")
+    assert seen[first].eta_s is None
+    assert any(u.eta_s is not None for u in seen[first + 1:]), "an estimate once timing was measured"
 
 
 def test_cancelled_drift_by_length_keeps_finished_lengths(tok_lm):

@@ -6,9 +6,11 @@ import pytest
 from dashboard.charts import calibrate as calibrate_charts
 from dashboard.charts import drift as drift_charts
 from dashboard.charts import layers as layer_charts
+from dashboard.charts import stepthrough as step_charts
 from dashboard.charts import style
 from dashboard.charts import sweeps as sweep_charts
-from dashboard.panels.generate_stream import agreement
+from dashboard.panels.generate_stream import agreement, repeats
+from pop_analysis.experiments.paper import PAPER_DRIFT
 
 
 def test_runs_groups_contiguous_layers():
@@ -16,16 +18,17 @@ def test_runs_groups_contiguous_layers():
     assert style.runs([]) == []
 
 
-def test_pop_diagram_marks_only_prefill_cells_of_skipped_layers():
-    fig = layer_charts.pop_diagram(6, (4, 5), n_prompt=4, n_new=2)
-    z = fig.data[0].z
-    x = list(fig.data[0].x)
-    assert x == ["x1", "x2", "x3", "x_N", "y1", "y2"]
-    for layer in range(6):
-        row = list(z[layer])
-        want = [1, 1, 1, 0, 0, 0] if layer in (4, 5) else [0] * 6
-        assert row == want, (layer, row)
-
+def test_step_grid_draws_the_recorded_cells_and_the_cache_so_far():
+    n = 4
+    earlier = {"attention": [[0, 1, 2]] * 2 + [[0, 1, 2], []], "kv": [[], [], [], [0, 1]]}
+    step = {"attention": [[], [], [2], [2]], "kv": [[]] * 4}
+    labels = step_charts.position_labels(["a", "b", "c"], [])
+    assert labels == ["x1 a", "x2 b", "x_N c"]
+    fig = step_charts.step_grid(step, [earlier], n, labels, "boundary")
+    ran, cache = list(map(list, fig.data[0].z)), list(map(list, fig.data[1].z))
+    assert ran[3] == [step_charts.IDLE, step_charts.IDLE, step_charts.RAN]
+    assert cache[3] == [step_charts.OLD_KV, step_charts.OLD_KV, step_charts.NEW_FULL]
+    assert cache[0] == [step_charts.OLD_FULL] * 3
 
 def test_layer_strip_crosses_skipped_layers_and_colours_by_log_importance():
     imp = [1.0, 0.1, 0.0, 10.0]
@@ -41,7 +44,8 @@ def test_importance_chart_has_bands_and_log_axis():
     fig = calibrate_charts.importance_chart([1, 2, 3], [3, 2, 1], [0.1] * 3, [0.2] * 3, log=True, bands=True,
                                   skip=(2,))
     names = [t.name for t in fig.data]
-    assert names == ["prefill ±1 std", "prefill importance", "decode ±1 std", "decode importance"]
+    assert names == ["prefill 95% interval", "prefill importance", "decode 95% interval",
+                     "decode importance"]
     assert fig.layout.yaxis.type == "log"
     assert len(fig.layout.shapes) == 1, "one shaded run for the skipped layer"
     linear = calibrate_charts.importance_chart([1, 2], [2, 1], log=False, bands=False)
@@ -56,13 +60,20 @@ def test_call_counts_heatmap_rows_follow_stages():
                                    "decode · attention"]
 
 
-def test_drift_curves_restrict_to_the_skipped_block():
+def test_drift_panels_restrict_to_the_skipped_block_and_draw_the_papers_values():
     d = {f"{q}_cos": [1.0, 0.9, 0.8, 0.7] for q in ("hidden", "k", "v", "attn_out")}
-    fig = drift_charts.drift_curves(d, (2, 3), only_skipped=True)
+    fig = drift_charts.drift_panels(d, (2, 3), only_skipped=True, reference=PAPER_DRIFT)
     assert all(list(t.x) == [2, 3] for t in fig.data)
-    assert len(fig.data) == 4
+    assert len(fig.data) == 4, "one line per panel (no minima in this record)"
+    lines = sorted(round(s.y0, 2) for s in fig.layout.shapes)
+    assert lines == [0.46, 0.71, 0.96], "the paper's hidden, V and attention-output values"
     rows = [{"length": 16, "hidden": 0.9, "k": 0.8, "v": 0.7, "attn_out": 0.99, "kl": 0.1}]
     assert list(drift_charts.drift_length_chart(rows).data[0].y) == [0.9]
+
+
+def test_a_loop_is_named_and_ordinary_text_is_not():
+    assert repeats([5, 9, 9, 9, 9, 2]) and repeats([1, 7, 8, 7, 8, 7, 8])
+    assert not repeats([1, 2, 3, 1, 2, 4, 1, 2, 5]) and not repeats([4, 4, 4])
 
 
 def test_agreement_and_first_divergence():
@@ -214,3 +225,18 @@ def test_quality_charts_carry_95_percent_error_bars():
     ratio = sweep_charts.ratio_chart(rows, "continuation_nll")
     q = next(t for t in ratio.data if t.name.startswith("continuation_nll"))
     assert list(q.error_y.array) == pytest.approx([0.1, 0.3]) and q.yaxis == "y2"
+
+
+def test_the_ratio_chart_draws_paired_differences_where_the_rows_have_them():
+    rows = [{"variant": "full", "skip_ratio": 0.0, "continuation_nll": 1.0, "prefill_speedup": 1.0,
+             "ideal_speedup": 1.0},
+            {"variant": "pop", "skip_ratio": 0.33, "continuation_nll": 1.2, "prefill_speedup": 1.3,
+             "ideal_speedup": 1.46, "continuation_nll_delta": 0.2,
+             "continuation_nll_delta_ci": [0.15, 0.26]}]
+    fig = sweep_charts.ratio_chart(rows, "continuation_nll", {"ratio": [0, .33], "speedup": [1, 1.37],
+                                                              "quality": [.8, .78]})
+    q = next(t for t in fig.data if t.name.startswith("continuation_nll: variant − full"))
+    assert list(q.y) == [0.0, 0.2] and list(q.error_y.array) == pytest.approx([0, 0.06])
+    paper = next(t for t in fig.data if t.name.startswith("paper: accuracy"))
+    assert list(paper.y) == pytest.approx([0, -0.02]), "the paper's accuracy as a change from full"
+    assert fig.layout.yaxis2.title.text == "continuation_nll: variant − full"

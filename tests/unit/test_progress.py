@@ -26,25 +26,42 @@ def clock(monkeypatch):
 
 def test_eta_weights_units_by_their_measured_cost(clock):
     """Ten cheap units (1 s) then two dear ones (10 s): the plain elapsed/done estimate would say
-    2 s left after the cheap ones; the tracker says the dear kind is not measured yet, and once
-    one dear unit ran it knows 10 s are left."""
+    2 s left after the cheap ones; the tracker says "estimating" while the dear kind is not
+    measured, and once one dear unit ran it knows 10 s are left."""
     seen = []
     t = Tracker(12, seen.append, plan={"cheap": 10, "dear": 2})
     assert seen[-1].eta_s is None, "nothing measured yet"
     for _ in range(10):
         clock.t += 1.0
         t.step(kind="cheap")
-    assert seen[-1].eta_s == 0.0 and seen[-1].unmeasured == ("dear",)
+    assert seen[-1].eta_s is None and seen[-1].unmeasured == ("dear",), "no number leaving work out"
     clock.t += 10.0
     t.step(kind="dear")
     assert seen[-1].eta_s == pytest.approx(10.0) and seen[-1].unmeasured == ()
-    assert prog.describe_eta(0.0, ("dear",)) == "under a second left, plus the dear (not timed yet)"
+    assert prog.describe_eta(None, ("dear",)) == "estimating the time left (timing the dear) ..."
+    assert prog.describe_eta(10.0) == "about 10 s left"
+
+
+def test_the_runs_first_step_is_not_taken_as_the_rate(clock):
+    """A first unit with one-time costs (30 s) then units of 1 s: no estimate from the first
+    unit alone, then the rate of the later ones: the estimate never jumps by a factor of 30."""
+    seen = []
+    t = Tracker(10, seen.append, plan={"batch": 10})
+    clock.t += 30.0
+    t.step(kind="batch")
+    assert seen[-1].eta_s is None
+    clock.t += 1.0
+    t.step(kind="batch")
+    assert seen[-1].eta_s == pytest.approx(8.0)
+    assert seen[-1].time_fraction == pytest.approx(31 / 39)
 
 
 def test_eta_uses_weights_within_a_kind(clock):
     """Prompt steps weighted by their tokens: 100 tokens took 1 s, so 1000 tokens take 10 s."""
     seen = []
-    t = Tracker(2, seen.append, plan={"prompt": 1100})
+    t = Tracker(3, seen.append, plan={"warm-up": 1, "prompt": 1100})
+    clock.t += 5.0
+    t.step(kind="warm-up")
     clock.t += 1.0
     t.step(kind="prompt", weight=100)
     assert seen[-1].eta_s == pytest.approx(10.0)
@@ -52,7 +69,8 @@ def test_eta_uses_weights_within_a_kind(clock):
 
 def test_message_only_steps_do_not_split_a_unit(clock):
     seen = []
-    t = Tracker(2, seen.append, plan={"a": 2})
+    t = Tracker(3, seen.append, plan={"w": 1, "a": 2})
+    t.step(kind="w")
     clock.t += 1.0
     t.step(0, "half way")  # a message inside the unit
     clock.t += 1.0
@@ -72,12 +90,13 @@ def test_without_a_plan_the_recent_rate_counts(clock):
 
 def test_monitor_counts_down_between_updates(clock):
     m = Monitor()
-    t = Tracker(4, m, plan={"a": 4})
+    t = Tracker(5, m, plan={"w": 1, "a": 4})
+    t.step(kind="w")
     clock.t += 2.0
     t.step(kind="a")  # 6 s left
     clock.t += 1.5
     p, elapsed, eta = m.snapshot()
-    assert p.done == 1 and eta == pytest.approx(4.5) and elapsed == pytest.approx(3.5)
+    assert p.done == 2 and eta == pytest.approx(4.5) and elapsed == pytest.approx(3.5)
     clock.t += 100
     assert m.snapshot()[2] == 0.0, "never below zero"
 

@@ -104,9 +104,10 @@ def test_machine_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path))
     monkeypatch.setattr(machine, "matmul_rate", lambda dev, dt, shape, rows: 1e9 * rows)
     monkeypatch.setattr(machine, "bandwidth", lambda dev: 5e9)
+    monkeypatch.setattr(machine, "_others", lambda: None)  # no probe: never busy
     first = machine_rates("cpu", torch.float32, 2, (64, 128))
     assert first.bytes_per_s == 5e9 and first.flops_at(4096) == 1e9 * 4096
-    assert "2 threads | float32 | cpu | weight 64x128" in first.key
+    assert "2 threads | float32 | cpu | weight 64x128 | cold" in first.key
 
     def measured(*a, **k):
         raise AssertionError("measured again")
@@ -148,3 +149,34 @@ def test_gemma_counts_its_window_norms_and_large_lm_head():
     # the window caps local attention, so the full model gains less from long prompts
     assert ideal_speedup(GEMMA, 2048, range(12, 18)) < \
         ideal_speedup(dataclasses.replace(GEMMA, windows=()), 2048, range(12, 18))
+
+
+def test_rates_measured_on_a_busy_machine_are_not_kept(tmp_path, monkeypatch):
+    import torch
+
+    import pop_analysis.speed.machine as machine
+
+    monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(machine, "matmul_rate", lambda dev, dt, shape, rows: 1e9)
+    monkeypatch.setattr(machine, "bandwidth", lambda dev: 5e9)
+    clock = iter(range(0, 1000, 10))  # other processes: 10 CPU seconds per probe
+    monkeypatch.setattr(machine, "_others", lambda: float(next(clock)))
+    got = machine_rates("cpu", torch.float32, 2, (64, 128))
+    assert got.busy and not (tmp_path / "machine" / "rates.json").exists()
+    monkeypatch.setattr(machine, "_others", lambda: 0.0)
+    assert not machine_rates("cpu", torch.float32, 2, (64, 128)).busy
+    assert (tmp_path / "machine" / "rates.json").exists()
+
+
+def test_the_matmul_rate_is_timed_on_weights_beyond_the_caches(monkeypatch):
+    import torch
+
+    import pop_analysis.speed.machine as machine
+
+    seen = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w: seen.append(w.data_ptr()) or real(x, w))
+    monkeypatch.setattr(machine, "COLD_BYTES", 64 * 128 * 4 * 3)  # three weights' worth
+    assert machine.matmul_rate("cpu", torch.float32, (64, 128), 4, min_s=0.0) > 0
+    assert len(seen) >= 4 and len(set(seen)) == 3, "every weight in turn"
+    assert all(a != b for a, b in zip(seen, seen[1:])), "never the same weight twice in a row"

@@ -120,3 +120,16 @@ def test_delta_text_never_reads_an_overlap_as_a_win():
     table = comparison_rows([{"variant": "full", "n": 64}, {**worse, **same}])
     assert [r["row"] for r in table] == ["full", "pop"]
     assert table[0]["continuation_nll"] == "—" and table[1]["retrieval_acc"].endswith(NO_CHANGE)
+
+
+def test_mean_halfwidths_are_students_t_intervals_of_the_mean():
+    from scipy import stats as sst
+
+    from pop_analysis.quality.stats import mean_halfwidths
+
+    x = [1.0, 2.0, 4.0, 7.0]
+    s_n = float(np.std(x))  # divided by n, as a calibration stores it
+    want = sst.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=sst.sem(x))
+    (half,) = mean_halfwidths([s_n], len(x))
+    assert half == pytest.approx((want[1] - want[0]) / 2)
+    assert mean_halfwidths([1.0], 1) is None

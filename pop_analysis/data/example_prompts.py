@@ -1,4 +1,6 @@
-"""Example prompts for the Generate and Drift pages: one short, one long (several hundred tokens)."""
+"""Example prompts the pages offer and open with (Generate, Drift, Step through) and the stored
+examples are made from: short ones, one long (several hundred tokens), one for the step-through
+(6-12 tokens without a chat template)."""
 
 SHORT = "Why is the sky blue? Answer in two sentences."
 
@@ -29,3 +31,5 @@ Question: Why was the first road to the interior built, and what later reduced t
 EXAMPLES = {"short: sky": SHORT, "long: a town's history (~440 tokens)": LONG,
             "short: arithmetic": "A shop sells pens at 3 dollars each. How much do 7 pens cost? "
                                  "Explain step by step."}
+
+STEP = "The first three planets from the Sun are Mercury, Venus and"  # 12 tokens on SmolLM2

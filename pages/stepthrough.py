@@ -1,0 +1,66 @@
+"""Step through: one short prompt through the full model and POP, step by step, on the real model.
+
+Keys: → next, ← previous, space play / pause (PageDown / PageUp change page). The step is in the
+URL (?step=k), so a link opens the same frame.
+"""
+import streamlit as st
+
+from dashboard.panels import exports, stepthrough_player, widgets
+from dashboard.session import classmode, jobs, state
+from pop_analysis.data.example_prompts import STEP
+from pop_analysis.engine.skipset import describe
+from pop_analysis.errors import first_line
+from pop_analysis.inspection import stepthrough as stp
+from pop_analysis.progress import duration
+
+st.title("Step through POP")
+st.markdown("A short prompt goes through the **full model** and through **POP**, step by step. "
+            "Each step shows which layer ran what on which token, the K/V cells it wrote, its "
+            "share of the FLOPs and its time on this machine; both models run on one clock. "
+            "Everything drawn was recorded from a run of the loaded model (hooks on its own "
+            "modules; a test holds the grid equal to the engine's call counters).")
+
+lm = widgets.model_or_stop()
+n = lm.adapter.n_layers
+skip = state.skip_for(n)
+
+box = st.expander("Record another prompt") if state.presenting() else st.container(border=True)
+with box:  # the presenter's view keeps the controls folded away
+    c = st.columns([4, 1], vertical_alignment="bottom")
+    prompt = c[0].text_input("Prompt (6-12 tokens read best; no chat template)",
+                             key=state.kept("step.prompt", STEP))
+    now = {"prompt": prompt, "skip set": describe(skip)}
+    go = c[1].button("Record this prompt", type="primary", key="step.go",
+                     disabled=jobs.running("stepthrough") or not prompt.strip())
+    st.caption(f"Skipped in POP's prefill: layers {describe(skip)} ({len(skip)}/{n}), from the "
+               "Skip set page or the sidebar. Recording runs each model once with hooks, then "
+               "times both without hooks over 5 rounds.")
+    if go:
+        try:
+            ids = stp.encode_short(lm, prompt)
+            jobs.start("stepthrough", "Recording the step-through", lambda p: stp.cached_stepthrough(
+                lm, ids, skip, stp.StepConfig(), prompt, progress=p, notice=p.notice),
+                lambda job: jobs.outcome(
+                    job, state.STEPTHROUGH, "Step-through", "use a shorter prompt.",
+                    lambda part: "nothing", lambda r: f"recorded in {duration(r.seconds)}"),
+                context=now)
+            st.session_state[stepthrough_player.STEP] = 0
+        except ValueError as e:
+            st.error(f"Step-through: {first_line(e)}")
+    jobs.panel("stepthrough")
+
+rec = st.session_state.get(state.STEPTHROUGH)
+if rec is None:
+    st.info("No step-through yet: record one above.")
+    st.stop()
+st.subheader(f"{rec.model} · '{rec.prompt}' ({len(rec.prompt_ids)} tokens) · skipped "
+             f"{describe(rec.skip_layers)}")
+widgets.made_from(state.STEPTHROUGH, now, "Record this prompt")
+frames = stp.frames(rec.steps)
+i = stepthrough_player.current(len(frames))
+stepthrough_player.controls(i, len(frames), frames[i]["title"])
+figures = stepthrough_player.frame(rec, frames[i])
+classmode.offer_back("stepthrough", lm.name, n)
+exports.offer("stepthrough", data=rec.to_dict(), figures=figures,
+              rows=[{"run": s["run"], "stage": s["stage"], "time_ms": s["time_ms"],
+                     "flops": s["flops"], "token": (s["token"] or [None, ""])[1]} for s in rec.steps])

@@ -1,0 +1,267 @@
+"""A step-through of POP on the real model: a short prompt through the full model and through
+POP, step by step (prefill, POP's pruned prefill, its boundary step, decode steps), with what
+each layer computed on which position, the K/V cells it wrote, the FLOPs of the step, its running
+time on this machine and, where a step picks a token, the top-k next tokens.
+
+Everything comes from runs of the engine itself: the grid from hooks on the model's modules
+(step_log), the call counts from engine.counters in the same run (the tests hold the two equal),
+the cache lengths from the run's own cache, the times from further runs without hooks (rounds of
+full and POP back to back, the order swapped each round; medians per step, and the TTFT ratio
+judged by the timing protocol's rules).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from pop_analysis.engine.counters import count_calls
+from pop_analysis.engine.pop import PromptError, decode_step, run_prompt
+from pop_analysis.engine.skipset import validate
+from pop_analysis.inspection.step_frames import frames  # noqa: F401 - part of this module's API
+from pop_analysis.inspection.step_log import log_positions
+from pop_analysis.progress import Tracker
+from pop_analysis.speed.bench import device_clock
+from pop_analysis.speed.flops import full_prefill_flops, ideal_speedup
+from pop_analysis.speed.roofline import chunk_ops, embed_ops, head_ops, total_flops
+from pop_analysis.speed.timing import TimingConfig, judge, other_cpu_seconds
+from pop_analysis.store import results as store
+from pop_analysis.store.schema import Record
+
+KIND = "stepthrough"
+MIN_TOKENS, MAX_TOKENS = 2, 16  # a grid a class can read: one column per token
+RUNS = ("full", "pop")
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """What a step-through runs; every field changes the result."""
+
+    decode_steps: int = 3  # generated tokens after the first (each a decode step)
+    rounds: int = 5  # timed rounds of full and POP (after one untimed warm-up)
+    top_k: int = 5  # next-token candidates shown where a step picks a token
+
+    def __post_init__(self):
+        if not 1 <= self.decode_steps <= 8 or not 3 <= self.rounds <= 15 or not 1 <= self.top_k <= 10:
+            raise ValueError("decode_steps must lie in 1..8, rounds in 3..15, top_k in 1..10")
+
+
+@dataclass
+class StepThrough(Record):
+    """One step-through: the steps of both runs in the order they ran, each run's own."""
+
+    model: str
+    n_layers: int
+    skip_layers: list[int]
+    prompt: str  # the text (raw: no chat template)
+    prompt_ids: list[int]
+    tokens: list[str]  # the prompt's tokens as text
+    steps: list[dict]  # see _step(); run "full" or "pop", in the order each run took them
+    cache_lengths: dict  # run -> per layer, positions its cache holds at the end
+    full_prefill_flops: float  # the full model's prefill, the unit of every step's share
+    ideal_speedup: float  # full / POP prefill FLOPs at this prompt length
+    ttft: dict  # the timing protocol's verdict on the per-round TTFTs (judge())
+    config: dict  # StepConfig
+    threads: int  # torch threads the times were measured with
+    device: str
+    dtype: str
+    seconds: float  # wall time of the whole recording
+
+
+def encode_short(lm, text: str) -> list[int]:
+    """The prompt as token ids, no chat template (a template's system turn alone is longer than
+    the grid); refused with one line outside MIN_TOKENS..MAX_TOKENS."""
+    if lm.tokenizer is None:
+        raise ValueError(f"model {lm.name} has no tokenizer")
+    if not text or not text.strip():
+        raise PromptError("the prompt is empty: type a short sentence (6-12 tokens read best)")
+    if len(text) > 16 * MAX_TOKENS:
+        raise PromptError(f"the step-through takes {MIN_TOKENS}-{MAX_TOKENS} tokens; this prompt "
+                          f"is {len(text)} characters")
+    ids = lm.tokenizer(text, add_special_tokens=True)["input_ids"]
+    if not MIN_TOKENS <= len(ids) <= MAX_TOKENS:
+        raise PromptError(f"the step-through takes {MIN_TOKENS}-{MAX_TOKENS} tokens; this prompt "
+                          f"has {len(ids)}")
+    return list(ids)
+
+
+def pieces(lm, ids) -> list[str]:
+    """Each token as text (its id in brackets for a model without a tokenizer)."""
+    if lm.tokenizer is None:
+        return [f"[{int(i)}]" for i in ids]
+    return [lm.tokenizer.decode([int(i)], skip_special_tokens=False) for i in ids]
+
+
+def _top(lm, logits: torch.Tensor, k: int) -> list[list]:
+    """[[token id, text, probability] x k] of one position's logits (1, V)."""
+    probs = torch.softmax(logits[0].float(), -1)  # (V,)
+    p, idx = probs.topk(k)  # (k,), (k,)
+    return [[int(i), t, float(q)] for i, t, q in zip(idx.tolist(), pieces(lm, idx.tolist()),
+                                                    p.tolist())]
+
+
+@torch.inference_mode()
+def trace(lm, ids: list[int], run: str, skip, cfg: StepConfig) -> tuple[list[dict], list[int]]:
+    """One hooked run of `run` ("full" or "pop"): its steps (grid, calls, picked token, top-k)
+    and, per layer, the positions its cache holds at the end."""
+    adapter = lm.adapter
+    t = torch.tensor([ids], device=adapter.device)  # (1, N)
+    picks = {}
+    with count_calls(adapter) as counts, log_positions(adapter, counts) as log:
+        first = run_prompt(adapter, t, run, skip, counts=counts)
+        nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
+        picks[counts.stage] = (first.logits, nxt)
+        for j in range(cfg.decode_steps):
+            counts.stage = f"decode {j + 1}"
+            logits = decode_step(adapter, nxt, first.cache, first.position + j)  # (1, V)
+            nxt = logits.argmax(-1, keepdim=True)  # (1, 1)
+            picks[counts.stage] = (logits, nxt)
+    calls = counts.as_dict()
+    steps = []
+    for stage in log.stages():
+        step = {"run": run, "stage": stage, **log.grid(stage, adapter.n_layers),
+                "calls": calls[stage], "token": None, "top": None}
+        if stage in picks:
+            logits, tok = picks[stage]
+            step["token"] = [int(tok), pieces(lm, [int(tok)])[0]]
+            step["top"] = _top(lm, logits, cfg.top_k)
+        steps.append(step)
+    lengths = [adapter.seen_length(first.cache, i) for i in range(adapter.n_layers)]
+    return steps, lengths
+
+
+class _Marks:
+    """Stands in for the engine's counters while timing: when each stage began (no hooks)."""
+
+    def __init__(self, clock):
+        self.clock, self.marks = clock, []
+
+    @property
+    def stage(self):
+        return self.marks[-1][0] if self.marks else None
+
+    @stage.setter
+    def stage(self, name: str) -> None:
+        self.marks.append((name, self.clock()))
+
+
+@torch.inference_mode()
+def _timed(lm, t: torch.Tensor, run: str, skip, decode_steps: int, clock) -> list[float]:
+    """Seconds of each step of one run without hooks: the prompt's stages, then decode steps."""
+    adapter = lm.adapter
+    marks = _Marks(clock)
+    first = run_prompt(adapter, t, run, skip, counts=marks)
+    nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
+    nxt.tolist()  # the token is on the host: the step has ended
+    ends = [clock()]
+    for j in range(decode_steps):
+        nxt = decode_step(adapter, nxt, first.cache, first.position + j).argmax(-1, keepdim=True)
+        nxt.tolist()
+        ends.append(clock())
+    starts = [ts for _, ts in marks.marks] + ends[:1]
+    prompt = [b - a for a, b in zip(starts, starts[1:])]  # prefill (and boundary)
+    return prompt + [b - a for a, b in zip(ends, ends[1:])]
+
+
+def time_steps(lm, ids: list[int], skip, cfg: StepConfig, tracker=None) -> tuple[dict, dict]:
+    """({run: per step, seconds per round}, the protocol's verdict on the TTFTs)."""
+    t = torch.tensor([ids], device=lm.adapter.device)  # (1, N)
+    clock = device_clock(lm.device)
+    times = {run: [] for run in RUNS}
+    first: list[str] = []
+    before, t0 = other_cpu_seconds(), clock()
+    for r in range(1 + cfg.rounds):  # round 0 is the warm-up
+        order = RUNS if r % 2 == 0 else RUNS[::-1]
+        for run in order:
+            got = _timed(lm, t, run, skip, cfg.decode_steps, clock)
+            if r:
+                times[run].append(got)
+        if r:
+            first.append("full" if order[0] == "full" else "variant")
+        if tracker is not None:
+            tracker.step(1, f"timing round {r} of {cfg.rounds}" if r else "warm-up",
+                         kind="timing", weight=2)
+    wall, after = clock() - t0, other_cpu_seconds()
+    other = None if before is None or after is None else max(0.0, after - before) / wall
+    n_prompt = {run: len(times[run][0]) - cfg.decode_steps for run in RUNS}
+    ttft = {run: [sum(rnd[:n_prompt[run]]) for rnd in times[run]] for run in RUNS}
+    ideal = ideal_speedup(lm.adapter.shape, len(ids), skip) if skip else 1.0
+    verdict = judge(ttft["full"], ttft["pop"], first, TimingConfig(), other, ideal,
+                    torch.get_num_threads(), os.cpu_count() or 1)
+    return times, {"full_ms": verdict.full_median_ms, "pop_ms": verdict.variant_median_ms,
+                   "speedup": verdict.speedup, "low": verdict.low, "high": verdict.high,
+                   "rounds": verdict.rounds, "trustworthy": verdict.trustworthy,
+                   "note": verdict.note, "ideal": ideal}
+
+
+def step_flops(shape, step: dict, n_prompt: int) -> float:
+    """Matmul FLOPs of what the step ran (roofline's op list over its grid), the embedding of
+    the tokens it brings in and lm_head when it picks a token."""
+    ops = []
+    for i in range(shape.n_layers):
+        for part, kv_only in (("attention", False), ("kv", True)):
+            pos = step[part][i]
+            if pos:
+                ops += chunk_ops(shape, i, pos[0], len(pos), kv_only)
+    new = n_prompt if step["stage"] == "prefill" else 0 if step["stage"] == "boundary" else 1
+    ops += embed_ops(shape, new) + (head_ops(shape) if step["token"] else [])
+    return total_flops(ops)
+
+
+def record(lm, ids: list[int], skip, cfg: StepConfig = StepConfig(), prompt: str = "",
+           progress=None) -> StepThrough:
+    """The step-through of `ids` (MIN_TOKENS..MAX_TOKENS tokens) with skip set `skip`."""
+    t0 = time.perf_counter()
+    n_layers = lm.adapter.n_layers
+    skip = validate(skip, n_layers)
+    if not MIN_TOKENS <= len(ids) <= MAX_TOKENS:
+        raise PromptError(f"the step-through takes {MIN_TOKENS}-{MAX_TOKENS} tokens, got {len(ids)}")
+    steps, lengths = [], {}
+    tracker = Tracker(len(RUNS) + 1 + cfg.rounds, progress, "recording",
+                      plan={"recording": len(RUNS), "timing": 2 * (1 + cfg.rounds)})
+    for run in RUNS:
+        got, lengths[run] = trace(lm, ids, run, skip, cfg)
+        steps += got
+        tracker.step(1, f"recorded the {run} run", kind="recording")
+    times, ttft = time_steps(lm, ids, skip, cfg, tracker)
+    shape = lm.adapter.shape
+    for run in RUNS:
+        own = [s for s in steps if s["run"] == run]
+        start = 0.0
+        for step, per_round in zip(own, zip(*times[run])):
+            ms = [x * 1e3 for x in per_round]
+            step.update(times_ms=ms, time_ms=float(torch.tensor(ms).median()), start_ms=start,
+                        flops=step_flops(shape, step, len(ids)))
+            start += step["time_ms"]
+    return StepThrough(
+        model=lm.name, n_layers=n_layers, skip_layers=list(skip), prompt=prompt,
+        prompt_ids=list(ids), tokens=pieces(lm, ids), steps=steps, cache_lengths=lengths,
+        full_prefill_flops=full_prefill_flops(shape, len(ids)),
+        ideal_speedup=ideal_speedup(shape, len(ids), skip) if skip else 1.0, ttft=ttft,
+        config=asdict(cfg), threads=torch.get_num_threads(), device=str(lm.device),
+        dtype=str(lm.dtype).replace("torch.", ""), seconds=time.perf_counter() - t0)
+
+
+# --- results store ----------------------------------------------------------------------------
+
+def cache_params(lm, ids, skip, cfg: StepConfig) -> dict:
+    return {"model": lm.name, "card": lm.card(), "prompt_ids": list(ids), "skip": sorted(skip),
+            "config": asdict(cfg)}
+
+
+def cached_stepthrough(lm, ids, skip, cfg: StepConfig = StepConfig(), prompt: str = "",
+                       use_cache: bool = True, notice=None,
+                       progress=None) -> tuple[StepThrough, bool]:
+    """(result, was_cache_hit): a stored step-through that passes the record checks, or a new one."""
+    params = cache_params(lm, ids, skip, cfg)
+    key = store.make_key(params)
+    if use_cache:
+        hit = store.load_record(KIND, key, StepThrough, lm.adapter.n_layers,
+                                {"model": lm.name, "prompt_ids": list(ids)}, notice)
+        if hit is not None:
+            return hit, True
+    rec = record(lm, ids, skip, cfg, prompt, progress)
+    store.save_or_warn(KIND, key, rec.to_dict(), params, notice)
+    return rec, False
