@@ -177,6 +177,12 @@ class Engine:
     def start(self, progress=None, timeout_s: float = START_TIMEOUT_S) -> "Engine":
         """Launch and wait until /health answers. progress(done, total, message) follows the
         log's milestones. One-line ServingError when it cannot start."""
+        from pop_analysis.engine.weight_values import folder_problem  # torch: imported late
+
+        bad = folder_problem(self.spec.model_dir)  # vLLM would cast and serve them as they are
+        if bad:
+            raise ServingError(f"the weights in {self.spec.model_dir} are not numbers the model "
+                               f"can use: {bad}; the engine was not started")
         python = str(venv.python())
         port = self.spec.port or free_port()
         if not port_free(port):
