@@ -2,14 +2,17 @@
 retrieval task, built-in prompts or a hub data set, as tokenised `EvalSet`s."""
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
+from pop_analysis.data.hub_data import hub_records
 from pop_analysis.data.readers import DatasetError, json_records, jsonl_records, txt_records
 from pop_analysis.engine.generate import encode
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import check_text
-from pop_analysis.errors import first_line
+from pop_analysis.engine.hub import unreachable_reason
+from pop_analysis.errors import first_line, listed
 from pop_analysis.quality.answers import gsm8k_gold
 from pop_analysis.quality.items import EvalDataError, EvalItem, EvalSet, fingerprint
 from pop_analysis.quality.retrieval import RetrievalConfig, retrieval_items
@@ -96,7 +99,7 @@ def load_eval_set(lm: LoadedModel, source: str, limit: int | None = None, raw: b
 
         records = [{"prompt": p} for p in load_prompts("builtin").prompts]
     elif source.startswith("hf:"):
-        records = _hf_records(source)
+        records = _hf_records(source, limit)
     else:
         path = data_dir() / NAMED[source] if source in NAMED else Path(os.path.expanduser(source))
         if source not in NAMED and not path.suffix:
@@ -121,16 +124,30 @@ def _retrieval_length(source: str) -> int:
         raise EvalDataError(f"retrieval length must be a whole number of tokens, got {text!r}") from None
 
 
-def _hf_records(source: str) -> list[dict]:
-    name, _, split = source[3:].partition(":")
+def _hf_records(source: str, limit: int | None) -> list[dict]:
+    """The first `limit` rows of a hub split (default test; GSM8K's config main), read from the
+    hub's Parquet export by the bounded reader: the prompt and reference columns only."""
+    reason = unreachable_reason()
+    if reason is not None:
+        raise EvalDataError(f"cannot load {source} from the hub: it is out of reach ({reason})")
+    name = source[3:].split(":")[0]
+    records = hub_records(source, _eval_columns, "test", "main" if name.endswith("gsm8k") else None)
     try:
-        import datasets
-
-        ds = datasets.load_dataset(name, "main" if name.endswith("gsm8k") else None,
-                                   split=split or "test")
+        return [rec for _, rec in itertools.islice(records, limit)]
+    except DatasetError as e:
+        raise EvalDataError(str(e)) from None
     except Exception as e:  # noqa: BLE001 - offline or unknown: one line
         raise EvalDataError(f"cannot load {source} from the hub: {first_line(e)}") from None
-    return [dict(r) for r in ds]
+    finally:
+        records.close()
+
+
+def _eval_columns(names) -> list[str]:
+    cols = [n for n in names if n in PROMPT_FIELDS + REFERENCE_FIELDS]
+    if not any(n in PROMPT_FIELDS for n in cols):
+        raise DatasetError(f"no prompt column (one of {', '.join(PROMPT_FIELDS)}) among "
+                           f"{listed(names)}")
+    return cols
 
 
 def gsm8k_prompt(question: str, shots=()) -> str:
