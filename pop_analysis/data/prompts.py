@@ -44,9 +44,14 @@ def fingerprint(prompts) -> str:
 
 
 def make_set(name: str, prompts, limit: int | None = None, where: str | None = None) -> PromptSet:
+    """The first `limit` prompts; fewer than `limit` is refused, saying how many there are (a
+    silent clamp would hide it)."""
     prompts = tuple(prompts)[:limit] if limit is not None else tuple(prompts)
     if not prompts:
         raise DatasetError(f"{where or name}: no prompts found (an empty set cannot calibrate)")
+    if limit is not None and len(prompts) < limit:
+        raise DatasetError(f"{where or name} holds {len(prompts)} prompts, fewer than the {limit} "
+                           f"asked for; ask for at most {len(prompts)}")
     return PromptSet(name=name, fingerprint=fingerprint(prompts), prompts=prompts)
 
 

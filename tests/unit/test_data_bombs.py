@@ -65,7 +65,7 @@ def bombs(tmp_path_factory):
     lists.write_text('{"prompt": "x", "pad": [' + ",".join(["[]"] * (LIST_BYTES // 3)) + "]}\n")
     return {"dict": (dictionary_bomb(folder / "dict.parquet"), 8),  # 4 GB decoded
             "plain": (plain_bomb(folder / "plain.parquet"), 8),
-            "lists": (lists, 8)}
+            "lists": (lists, 1)}
 
 
 @pytest.fixture(scope="module")
