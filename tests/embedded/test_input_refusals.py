@@ -101,7 +101,7 @@ def test_report_lengths_beyond_the_context_are_refused_before_any_part_runs(embe
     for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # the command sets them process-wide
         monkeypatch.setenv(name, "1")  # monkeypatch puts back what was there before
     monkeypatch.setattr(report_cmd, "collect", lambda *a, **k: pytest.fail("a part ran"))
-    for flags in (["--lengths", "512,40000000"], ["--retrieval-length", "40000000"]):
+    for flags in (["--lengths", "512,40000"], ["--retrieval-length", "40000"]):
         assert cli.main(["report", *flags, "--out", str(tmp_path / "r.md")]) == 1
         assert "exceeds the model's context of 8192 tokens" in one_error_line(capsys)
 

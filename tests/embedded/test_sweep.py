@@ -160,7 +160,7 @@ def test_cli_json_schema_and_csv(model_dir, cache, tmp_path, capsys):
     (["--ratios", "0,abc"], "--ratios"),
     (["--ratios", "0.5", "--dataset", "missing.jsonl"], "not found"),
     (["--kind", "adaptive"], "--calibration"),
-    (["--lengths", "0"], "positive"),
+    (["--lengths", "0"], "--lengths needs integers >= 1"),
 ])
 def test_cli_errors_are_one_line(model_dir, cache, capsys, argv, message):
     code = cli.main(["sweep", "--model", str(model_dir), "--device", "cpu", *argv])

@@ -8,6 +8,9 @@ from hypothesis import strategies as st
 
 from pop_analysis import cli
 from pop_analysis.commands._common import Num
+from pop_analysis.serving.server import Engine
+
+START = Engine.start  # the real one (the module's fixture replaces it while commands run)
 
 # What each command needs besides the option under test.
 BASE = {("generate",): ["--prompt", "hi"], ("drift",): ["--prompt", "hi"]}
@@ -53,8 +56,6 @@ def no_work(tmp_path_factory):
     """Model loads and engine starts raise Work; the report writes under a temporary folder."""
     import pop_analysis.commands._common as common
     import pop_analysis.engine.models as models
-    from pop_analysis.serving.server import Engine
-
     mp = pytest.MonkeyPatch()
     parser = cli.build_parser(cli.command_modules())
     mp.setattr(cli, "build_parser", lambda mods: parser)  # built once: the calls only parse
@@ -170,3 +171,17 @@ def test_an_honest_long_run_within_the_data_goes_on_to_the_model(argv, no_work, 
         argv = [*argv, "--out", str(no_work)]
     code, lines, _ = run(argv, capsys)
     assert code == 1 and lines == ["error: work began"], lines
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0.0, -1.0, 1e30])
+def test_an_engine_start_that_would_never_time_out_is_refused(tmp_path, monkeypatch, timeout):
+    """The library's own guard under the CLI's flag check (the dashboard calls it directly)."""
+    import subprocess
+
+    from pop_analysis.serving.server import EngineSpec
+    from pop_analysis.serving.venv import ServingError
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("an engine started"))
+    with pytest.raises(ServingError, match=r"start timeout must be a number of seconds in "
+                                           r"\(0, 86400\], got"):
+        START(Engine(EngineSpec(model_dir=str(tmp_path), name="x")), timeout_s=timeout)
