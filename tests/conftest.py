@@ -1,5 +1,6 @@
 """Fixtures every tier shares, and the tier marker of each test, taken from its folder
 (tests/unit, tests/embedded, tests/dashboard, tests/browser, tests/serving)."""
+import json
 import os
 from pathlib import Path
 
@@ -41,6 +42,45 @@ def gemma():
     from pop_analysis.engine.models import load_model
 
     return load_model("gemma3-270m", device="cpu")
+
+
+SECRET = {"aws_access_key_id": "AKIA-not-real", "aws_secret_access_key": "not-real-either"}
+
+
+@pytest.fixture()
+def allowed_cache(tmp_path, monkeypatch):
+    """An empty results store (the converted models linked in) as the only cache, with no extra
+    allowed folders: the path rule as a fresh user meets it."""
+    from pop_analysis.data.allowed_paths import ENV
+    from pop_analysis.store.paths import cache_dir
+
+    models = cache_dir() / "models"
+    store = tmp_path / "cache"
+    store.mkdir()
+    (store / "models").symlink_to(models.resolve(), target_is_directory=True)
+    monkeypatch.setenv("POP_LAB_CACHE", str(store))
+    monkeypatch.delenv(ENV, raising=False)
+    return store
+
+
+@pytest.fixture()
+def outside_folder(tmp_path):
+    """A folder that is none of the allowed ones (the tests run from the repository), holding
+    files with secrets in them."""
+    d = tmp_path / "elsewhere"
+    d.mkdir()
+    (d / "secrets.json").write_text(json.dumps([SECRET]))
+    (d / "secrets.csv").write_text(",".join(SECRET) + "\n" + ",".join(SECRET.values()) + "\n")
+    return d
+
+
+@pytest.fixture
+def tmp_results(tmp_path, monkeypatch):
+    """The results store's folders under tmp_path (the converted models stay where they are)."""
+    from pop_analysis.store import results as store
+
+    monkeypatch.setattr(store, "results_dir", lambda kind: tmp_path / kind)
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

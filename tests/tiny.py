@@ -55,3 +55,32 @@ def forced_model(tokenizer, text: str = "7", name: str = "forced"):
         head.bias[token] = 30.0
     tiny.model.lm_head = head
     return model_from_hf(tiny.model, tokenizer, name=name), token
+
+
+def saved(tmp_path, edit=None, **overrides):
+    """A tiny llama saved as a local model folder; `edit(tensors)` changes its safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    lm = tiny_model("llama", **overrides)
+    folder = tmp_path / "model"
+    lm.model.save_pretrained(folder)
+    if edit is not None:
+        path = folder / "model.safetensors"
+        tensors = load_file(path)
+        edit(tensors)
+        save_file(tensors, path, metadata={"format": "pt"})
+    return folder
+
+
+class CancelWhen:
+    """A progress callback that asks for cancellation once `when(update)` is true."""
+
+    def __init__(self, when):
+        import threading
+
+        self.cancel_event = threading.Event()
+        self.when = when
+
+    def __call__(self, update):
+        if self.when(update):
+            self.cancel_event.set()

@@ -12,7 +12,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from pop_analysis.data.allowed_paths import (
-    ENV,
     PathNotAllowed,
 )
 
@@ -23,30 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 
-SECRET = {"aws_access_key_id": "AKIA-not-real", "aws_secret_access_key": "not-real-either"}
-
-
-@pytest.fixture()
-def cache(tmp_path, monkeypatch):
-    from pop_analysis.store.paths import cache_dir
-
-    models = cache_dir() / "models"
-    store = tmp_path / "cache"
-    store.mkdir()
-    (store / "models").symlink_to(models.resolve(), target_is_directory=True)
-    monkeypatch.setenv("POP_LAB_CACHE", str(store))
-    monkeypatch.delenv(ENV, raising=False)
-    return store
-
-
-@pytest.fixture()
-def outside(tmp_path):
-    """A folder that is none of the allowed ones (the tests run from the repository)."""
-    d = tmp_path / "elsewhere"
-    d.mkdir()
-    (d / "secrets.json").write_text(json.dumps([SECRET]))
-    (d / "secrets.csv").write_text(",".join(SECRET) + "\n" + ",".join(SECRET.values()) + "\n")
-    return d
 
 
 def test_streamlit_reads_localhost_and_no_error_details_from_the_config():
@@ -74,13 +49,13 @@ def listening_addresses(port: int) -> set[str]:
 LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1 as /proc shows
 
 
-def test_the_server_listens_on_loopback_only(cache):
+def test_the_server_listens_on_loopback_only(allowed_cache):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.port",
                              str(port)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "POP_LAB_CACHE": str(cache)})
+                            stderr=subprocess.DEVNULL, env={**os.environ, "POP_LAB_CACHE": str(allowed_cache)})
     try:
         for _ in range(240):
             try:
@@ -110,7 +85,7 @@ def goto(at: AppTest, page: str) -> AppTest:
     return at
 
 
-def test_loading_a_bad_stored_calibration_warns_and_keeps_the_page(embedded, cache):
+def test_loading_a_bad_stored_calibration_warns_and_keeps_the_page(embedded, allowed_cache):
     from pop_analysis.data.prompts import load_prompts
     from pop_analysis.importance.calibrate import (
         CalibrationConfig,
@@ -135,10 +110,10 @@ def test_loading_a_bad_stored_calibration_warns_and_keeps_the_page(embedded, cac
     assert not at.exception
 
 
-def test_local_path_outside_the_allowed_folders_is_refused_on_the_page(embedded, cache, outside):
+def test_local_path_outside_the_allowed_folders_is_refused_on_the_page(embedded, allowed_cache, outside_folder):
     at = goto(app(), "calibrate")
     at.radio(key="cal.kind").set_value("local path").run()
-    at.text_input(key="cal.path").set_value(str(outside / "secrets.json")).run()
+    at.text_input(key="cal.path").set_value(str(outside_folder / "secrets.json")).run()
     assert not at.exception
     shown = texts(at.selectbox) + " ".join(str(s.options) for s in at.selectbox)
     assert "aws_secret_access_key" not in shown  # no field list from a file outside

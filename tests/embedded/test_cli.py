@@ -5,11 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from pop_analysis.cli import main
 
-from tiny import tiny_model
+from tiny import saved, tiny_model
 
 TIMING_KEYS = ("speedup_range", "timing_rounds", "timing_trustworthy", "timing_note",
                "roofline_speedup")
@@ -135,17 +134,6 @@ def test_module_entry_point_exits_nonzero_with_one_line():
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def saved(tmp_path: Path, edit=None, **overrides) -> Path:
-    """A tiny llama saved as a local model folder; `edit(tensors)` changes its safetensors."""
-    lm = tiny_model("llama", **overrides)
-    folder = tmp_path / "model"
-    lm.model.save_pretrained(folder)
-    if edit is not None:
-        path = folder / "model.safetensors"
-        tensors = load_file(path)
-        edit(tensors)
-        save_file(tensors, path, metadata={"format": "pt"})
-    return folder
 
 
 def test_the_cli_refuses_in_one_line_with_exit_1(tmp_path):

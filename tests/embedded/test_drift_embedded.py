@@ -1,30 +1,21 @@
 """Drift of the embedded model on GSM8K and by length, and the CLI's JSON schema."""
 import json
 
-import pytest
-
 from pop_analysis import cli
 from pop_analysis.inspection.drift import (
     DriftConfig,
     drift,
 )
 from pop_analysis.inspection.drift_length import drift_by_length, length_prompts
-from pop_analysis.store import results as store
 
 QS = ("hidden", "k", "v", "attn_out")
-
-
-@pytest.fixture
-def tmp_store(tmp_path, monkeypatch):
-    monkeypatch.setattr(store, "results_dir", lambda kind: tmp_path / kind)
-    return tmp_path
 
 
 def worst(values) -> float:
     return max(abs(1.0 - x) for x in values)
 
 
-def test_embedded_gsm8k_drift_and_by_length(embedded, shared_data, tmp_store):
+def test_embedded_gsm8k_drift_and_by_length(embedded, shared_data, tmp_results):
     """SmolLM2-135M, skip 20-29, one GSM8K question: drift confined to the block and after it."""
     from pop_analysis.engine.generate import encode
 
@@ -48,7 +39,7 @@ def test_embedded_gsm8k_drift_and_by_length(embedded, shared_data, tmp_store):
         assert 0.0 < row["v_cos"] < 1.0 and row["kl"] >= 0.0
 
 
-def test_cli_json_schema(embedded, capsys, tmp_store):
+def test_cli_json_schema(embedded, capsys, tmp_results):
     code = cli.main(["drift", "--prompt", "What is 3 + 4?", "--skip", "24-29", "--decode-steps",
                      "2", "--lengths", "12,20", "--threads", "2", "--json"])
     captured = capsys.readouterr()

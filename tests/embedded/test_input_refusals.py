@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+from cli_lines import last_error_line, one_error_line
 
 from pop_analysis import cli
 from pop_analysis.cli import main
@@ -42,13 +43,6 @@ class CountingTokenizer:
         return self._tok.apply_chat_template(messages, *a, **kw)
 
 
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("error: "), err
-    return lines[-1]
-
-
 def test_a_prompt_longer_than_the_context_can_hold_is_never_tokenised(embedded):
     from pop_analysis.engine.pop import max_prompt_chars
 
@@ -72,7 +66,7 @@ def test_a_long_prompt_in_a_data_set_is_refused_before_calibration_tokenises(emb
     monkeypatch.setattr(calibrate_cmd, "load", lambda args: embedded)
     monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path / "cache"))
     assert cli.main(["calibrate", "--dataset", str(data), "--samples", "1"]) == 1
-    assert "more than the model's context of 8192 tokens can hold" in one_error_line(capsys)
+    assert "more than the model's context of 8192 tokens can hold" in last_error_line(capsys)
 
 
 def test_a_long_reference_answer_is_refused_before_tokenising(embedded):
@@ -103,14 +97,14 @@ def test_report_lengths_beyond_the_context_are_refused_before_any_part_runs(embe
     monkeypatch.setattr(report_cmd, "collect", lambda *a, **k: pytest.fail("a part ran"))
     for flags in (["--lengths", "512,40000"], ["--retrieval-length", "40000"]):
         assert cli.main(["report", *flags, "--out", str(tmp_path / "r.md")]) == 1
-        assert "exceeds the model's context of 8192 tokens" in one_error_line(capsys)
+        assert "exceeds the model's context of 8192 tokens" in last_error_line(capsys)
 
 
 def test_a_prompt_that_is_not_utf8_is_one_line(embedded, monkeypatch, capsys):
     monkeypatch.setattr(generate_cmd, "load", lambda args: embedded)
     bad = b"caf\xe9 au lait".decode("utf-8", "surrogateescape")  # how argv holds such bytes
     assert cli.main(["generate", "--prompt", bad, "--max-new-tokens", "2"]) == 1
-    assert "the prompt is not UTF-8 text" in one_error_line(capsys)
+    assert "the prompt is not UTF-8 text" in last_error_line(capsys)
 
 
 def test_an_unwritable_csv_is_refused_before_the_sweep_runs(embedded, tmp_path, monkeypatch,
@@ -119,7 +113,7 @@ def test_an_unwritable_csv_is_refused_before_the_sweep_runs(embedded, tmp_path, 
     monkeypatch.setattr(sweep_cmd, "cached_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
     (tmp_path / "file").write_text("")
     assert cli.main(["sweep", "--csv", str(tmp_path / "file" / "rows.csv")]) == 1
-    line = one_error_line(capsys)
+    line = last_error_line(capsys)
     assert "--csv" in line and "rows.csv" in line, line
 
 
@@ -133,12 +127,6 @@ def test_lm_eval_model_args_that_are_not_integers_are_one_line(embedded):
         assert f"model_args {name}" in str(e.value) and "invalid literal" not in str(e.value)
 
 
-def only_error_line(capsys) -> str:
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
-
-
 def test_drift_checks_every_length_before_the_first_runs(embedded, capsys, monkeypatch):
     import pop_analysis.commands.drift as command
     import pop_analysis.inspection.drift as drift
@@ -147,7 +135,7 @@ def test_drift_checks_every_length_before_the_first_runs(embedded, capsys, monke
     monkeypatch.setattr(drift, "_run", lambda *a, **k: pytest.fail("drift ran"))
     assert main(["drift", "--prompt", "Hello there, how are you?", "--lengths", "16,100000",
                  "--no-cache"]) == 1
-    assert "100000 tokens" in only_error_line(capsys)
+    assert "100000 tokens" in one_error_line(capsys)
 
 
 def test_latin1_text_source_names_the_file(embedded, tmp_path, capsys, monkeypatch):
@@ -161,7 +149,7 @@ def test_latin1_text_source_names_the_file(embedded, tmp_path, capsys, monkeypat
     monkeypatch.setattr(command, "load", lambda args: embedded)
     assert main(["drift", "--prompt", "Hello there, how are you?", "--lengths", "16",
                  "--text-source", str(path), "--decode-steps", "1", "--no-cache"]) == 1
-    assert "latin1.txt line 1: not UTF-8 text" in only_error_line(capsys)
+    assert "latin1.txt line 1: not UTF-8 text" in one_error_line(capsys)
 
 
 def test_a_timeout_that_never_ends_is_one_line_from_the_real_entry_point():

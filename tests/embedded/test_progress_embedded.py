@@ -1,5 +1,4 @@
 """Cancelled sweeps and drift runs on the embedded model keep their finished rows and lengths."""
-import threading
 
 import pytest
 
@@ -9,19 +8,7 @@ from pop_analysis.inspection.drift import DriftConfig
 from pop_analysis.inspection.drift_length import drift_by_length
 from pop_analysis.progress import Cancelled
 
-from tiny import tiny_model
-
-
-class CancelWhen:
-    """A progress callback that asks for cancellation once `when(update)` is true."""
-
-    def __init__(self, when):
-        self.cancel_event = threading.Event()
-        self.when = when
-
-    def __call__(self, update):
-        if self.when(update):
-            self.cancel_event.set()
+from tiny import CancelWhen, tiny_model
 
 
 @pytest.fixture(scope="module")

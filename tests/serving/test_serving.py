@@ -112,7 +112,7 @@ def test_pop_repair_spec_passes_the_maps_file(spec, tmp_path):
     assert pop == {"skip": [20, 21], "variant": "pop_repair", "repair": maps}
     for args, words in ((((20,), "pop_repair"), "needs a repair"),
                         (((20,), "pop", maps), "pop_repair only"),
-                        (((20,), "pop_no_kv"), "not served")):
+                        (((20,), "pop_no_kv"), "not supported in vLLM")):
         with pytest.raises(ServingError) as e:
             make_spec("smollm2-135m", *args)
         assert words in one_line(e)

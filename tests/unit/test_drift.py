@@ -17,7 +17,6 @@ from pop_analysis.inspection.drift import (
     kl_full_pop,
 )
 from pop_analysis.inspection.drift_length import drift_by_length
-from pop_analysis.store import results as store
 
 from tiny import FAMILIES, tiny_model, tiny_prompt
 
@@ -30,12 +29,6 @@ QS = ("hidden", "k", "v", "attn_out")
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def lm(request):
     return tiny_model(request.param)
-
-
-@pytest.fixture
-def tmp_store(tmp_path, monkeypatch):
-    monkeypatch.setattr(store, "results_dir", lambda kind: tmp_path / kind)
-    return tmp_path
 
 
 def worst(values) -> float:
@@ -135,7 +128,7 @@ def test_shapes_downsampling_and_progress():
     assert set(r.quantiles) == set(QS) and len(r.quantiles["v"]["0.1"]) == L
 
 
-def test_round_trip_cache_and_average(tmp_store):
+def test_round_trip_cache_and_average(tmp_results):
     lm = tiny_model("mistral")
     r1, hit1 = cached_drift(lm, tiny_prompt(12), (4, 5), CFG)
     r2, hit2 = cached_drift(lm, tiny_prompt(12), (4, 5), CFG)
@@ -149,7 +142,7 @@ def test_round_trip_cache_and_average(tmp_store):
     assert avg.v_min[5] == min(r1.v_min[5], other.v_min[5])
 
 
-def test_sliding_window_cache_positions_left_out(tmp_store):
+def test_sliding_window_cache_positions_left_out(tmp_results):
     """A sliding layer's cache drops old prompt keys: those cells are NaN (null in JSON) and the
     statistics cover the positions it still holds."""
     lm = tiny_model("mistral", sliding_window=8)

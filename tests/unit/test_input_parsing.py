@@ -5,6 +5,7 @@ import tracemalloc
 
 import pytest
 import torch
+from cli_lines import last_error_line, one_error_line
 
 from pop_analysis import cli
 from pop_analysis.cli import main
@@ -103,12 +104,6 @@ def test_unknown_variant():
     lm = tiny_model("llama")
     with pytest.raises(ValueError, match="unknown variant 'fast'"):
         run_prompt(lm.adapter, torch.tensor([[1, 2]]), "fast", ())
-
-
-def one_error_line(capsys) -> str:
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 @pytest.mark.parametrize("text", ["0-20000000", "5-99999999999999999999", "0-9," * 3 + "0-20000000"])
@@ -215,16 +210,9 @@ def test_lm_eval_wrapper_adds_the_project_device_unless_one_is_named():
     assert with_device(["ls", "tasks"]) == ["ls", "tasks"]
 
 
-def only_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("error: "), err
-    return lines[-1]
-
-
 def test_threads_beyond_the_machine_are_one_line(capsys):
     assert cli.main(["generate", "--prompt", "hi", "--threads", "100000"]) == 1
-    line = only_error_line(capsys)
+    line = last_error_line(capsys)
     assert "--threads 100000" in line and "CPU" in line and "MemoryError" not in line, line
 
 

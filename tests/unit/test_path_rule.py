@@ -1,5 +1,4 @@
 """One path rule for every way in: local paths are read only under the allowed folders, links resolved first, hidden files refused, and a refusal reads the same whether or not the path exists."""
-import json
 import os
 from pathlib import Path
 
@@ -18,58 +17,34 @@ from pop_analysis.data.allowed_paths import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-SECRET = {"aws_access_key_id": "AKIA-not-real", "aws_secret_access_key": "not-real-either"}
 
 
-@pytest.fixture()
-def cache(tmp_path, monkeypatch):
-    from pop_analysis.store.paths import cache_dir
-
-    models = cache_dir() / "models"
-    store = tmp_path / "cache"
-    store.mkdir()
-    (store / "models").symlink_to(models.resolve(), target_is_directory=True)
-    monkeypatch.setenv("POP_LAB_CACHE", str(store))
-    monkeypatch.delenv(ENV, raising=False)
-    return store
-
-
-@pytest.fixture()
-def outside(tmp_path):
-    """A folder that is none of the allowed ones (the tests run from the repository)."""
-    d = tmp_path / "elsewhere"
-    d.mkdir()
-    (d / "secrets.json").write_text(json.dumps([SECRET]))
-    (d / "secrets.csv").write_text(",".join(SECRET) + "\n" + ",".join(SECRET.values()) + "\n")
-    return d
-
-
-def test_allowed_folders_and_refusals(cache, outside, monkeypatch):
-    inside = cache / "prompts.jsonl"
+def test_allowed_folders_and_refusals(allowed_cache, outside_folder, monkeypatch):
+    inside = allowed_cache / "prompts.jsonl"
     inside.write_text('{"prompt": "hi"}\n')
     assert check_path(str(inside)) == inside.resolve()
     assert check_path("README.md") == (ROOT / "README.md").resolve()  # the working directory
     shared = ROOT.parent / "shared" / "data" / "gsm8k_test.jsonl"
     assert check_path(str(shared)) == shared.resolve()
-    for bad in ("/etc/passwd", str(outside / "secrets.json"), str(cache / ".." / "elsewhere"),
-                ".git/config", str(cache / ".hidden.jsonl")):
+    for bad in ("/etc/passwd", str(outside_folder / "secrets.json"), str(allowed_cache / ".." / "elsewhere"),
+                ".git/config", str(allowed_cache / ".hidden.jsonl")):
         with pytest.raises(PathNotAllowed, match="not a file the dashboard may read"):
             check_path(bad)
-    monkeypatch.setenv(ENV, f"/nonexistent{os.pathsep}{outside}")  # the user's own folder
-    assert check_path(str(outside / "secrets.json")) == (outside / "secrets.json").resolve()
+    monkeypatch.setenv(ENV, f"/nonexistent{os.pathsep}{outside_folder}")  # the user's own folder
+    assert check_path(str(outside_folder / "secrets.json")) == (outside_folder / "secrets.json").resolve()
 
 
-def test_refusal_reads_the_same_whether_or_not_the_file_exists(cache, outside):
+def test_refusal_reads_the_same_whether_or_not_the_file_exists(allowed_cache, outside_folder):
     messages = []
     for name in ("secrets.json", "nothing.json"):
         with pytest.raises(PathNotAllowed) as e:
-            check_path(str(outside / name))
+            check_path(str(outside_folder / name))
         messages.append(str(e.value).replace(name, "X"))
     assert messages[0] == messages[1]
 
 
-def test_a_symlink_to_a_system_file_is_refused(cache):
-    link = cache / "uploads" / "data.txt"
+def test_a_symlink_to_a_system_file_is_refused(allowed_cache):
+    link = allowed_cache / "uploads" / "data.txt"
     link.parent.mkdir()
     link.symlink_to("/etc/passwd")
     with pytest.raises(PathNotAllowed):
@@ -80,21 +55,21 @@ def test_a_symlink_to_a_system_file_is_refused(cache):
         prompt_set(str(link))
 
 
-def test_names_and_hub_sources_pass(cache):
+def test_names_and_hub_sources_pass(allowed_cache):
     for name in ("builtin", "gsm8k", "retrieval:512", "hf:openai/gsm8k:main:test"):
         assert check_source(name) == name
 
 
-def test_peek_fields_shows_nothing_of_files_outside(cache, outside):
+def test_peek_fields_shows_nothing_of_files_outside(allowed_cache, outside_folder):
     from dashboard.session.cached import peek_fields
 
     for name in ("secrets.json", "secrets.csv"):
-        assert peek_fields(str(outside / name)) == []
-        (cache / name).write_bytes((outside / name).read_bytes())
-        assert "aws_secret_access_key" in peek_fields(str(cache / name))  # inside: allowed
+        assert peek_fields(str(outside_folder / name)) == []
+        (allowed_cache / name).write_bytes((outside_folder / name).read_bytes())
+        assert "aws_secret_access_key" in peek_fields(str(allowed_cache / name))  # inside: allowed
 
 
-def test_upload_errors_name_the_users_file(cache):
+def test_upload_errors_name_the_users_file(allowed_cache):
     from dashboard.panels.widgets import save_upload
     from dashboard.session.cached import prompt_set
     from pop_analysis.data.prompts import DatasetError
@@ -103,9 +78,9 @@ def test_upload_errors_name_the_users_file(cache):
     with pytest.raises(DatasetError) as e:
         prompt_set(bad)
     assert str(e.value).startswith("my prompts.csv line 3: a quoted field")
-    assert "uploads" not in str(e.value) and str(cache) not in str(e.value)
+    assert "uploads" not in str(e.value) and str(allowed_cache) not in str(e.value)
     good = save_upload("../../evil name.jsonl", b'{"prompt": "hello"}\n')
-    assert Path(good).parent.parent == cache / "uploads" and Path(good).name == "evil name.jsonl"
+    assert Path(good).parent.parent == allowed_cache / "uploads" and Path(good).name == "evil name.jsonl"
     assert prompt_set(good).name == "evil name.jsonl"
 
 

@@ -1,5 +1,4 @@
 """Progress, ETA and cancel: measured cost per kind of work, countdown between updates, cancel keeps what finished."""
-import threading
 
 import pytest
 
@@ -7,7 +6,7 @@ from pop_analysis import progress as prog
 from pop_analysis.importance.calibrate import CalibrationConfig, calibrate_ids
 from pop_analysis.progress import Cancelled, Monitor, Tracker
 
-from tiny import tiny_model, tiny_prompt
+from tiny import CancelWhen, tiny_model, tiny_prompt
 
 
 class Clock:
@@ -93,16 +92,6 @@ def test_cancel_stops_at_the_next_step():
     assert e.value.done == 1 and e.value.partial is None and m.cancelled
 
 
-class CancelWhen:
-    """A progress callback that asks for cancellation once `when(update)` is true."""
-
-    def __init__(self, when):
-        self.cancel_event = threading.Event()
-        self.when = when
-
-    def __call__(self, update):
-        if self.when(update):
-            self.cancel_event.set()
 
 
 def test_cancelled_calibration_keeps_finished_batches():

@@ -8,20 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from pop_analysis.engine.models import ModelLoadError, load_model
 
-from tiny import tiny_model
-
-
-def saved(tmp_path: Path, edit=None, **overrides) -> Path:
-    """A tiny llama saved as a local model folder; `edit(tensors)` changes its safetensors."""
-    lm = tiny_model("llama", **overrides)
-    folder = tmp_path / "model"
-    lm.model.save_pretrained(folder)
-    if edit is not None:
-        path = folder / "model.safetensors"
-        tensors = load_file(path)
-        edit(tensors)
-        save_file(tensors, path, metadata={"format": "pt"})
-    return folder
+from tiny import saved
 
 
 def refusal(folder: Path) -> str:
