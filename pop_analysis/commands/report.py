@@ -8,11 +8,11 @@ from pathlib import Path
 
 from pop_analysis.commands._common import (COUNT, MAX_TOKENS, TOKENS, Num, add_model_args,
     emit_json, int_list, load, quiet_hf, writable)
-from pop_analysis.speed.timing import MAX_ROUNDS
 from pop_analysis.experiments.report import PARTS, ReportConfig, ReportError, collect
 from pop_analysis.experiments.report_render import write_report
 from pop_analysis.progress import terminal_bar
 from pop_analysis.quality.evalsets import check_size
+from pop_analysis.speed.timing import MAX_ROUNDS
 from pop_analysis.store.paths import REPO_ROOT
 
 DEFAULT_OUT = REPO_ROOT / "docs" / "reproduction.md"

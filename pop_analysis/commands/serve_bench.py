@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from pop_analysis.serving.loadgen import MAX_OUTPUT, MAX_PROMPTS, LoadSpec
 from pop_analysis.serving.session import Serving
-from pop_analysis.commands._common import MAX_TOKENS, SEED, Num, add_skip_args, emit_json, float_list
-from pop_analysis.speed.timing import MAX_ROUNDS
+from pop_analysis.commands._common import (MAX_TOKENS, SEED, Num, add_skip_args, emit_json,
+    float_list)
 from pop_analysis.commands._serving import add_engine_args, spec_from_args, stderr_progress
+from pop_analysis.speed.timing import MAX_ROUNDS
 
 
 def add_arguments(p) -> None:

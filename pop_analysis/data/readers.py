@@ -196,7 +196,8 @@ def _batches(pf, group: int, cols, rows: int, name: str):
     try:
         yield from pf.iter_batches(batch_size=rows, row_groups=[group], columns=cols)
     except Exception as e:  # noqa: BLE001
-        raise DatasetError(f"{name} row group {group + 1}: not readable ({first_line(e)})") from None
+        raise DatasetError(f"{name} row group {group + 1}: not readable "
+                           f"({first_line(e)})") from None
 
 
 def _decoded(batch):

@@ -109,7 +109,8 @@ def test_a_row_group_beyond_the_bound_is_refused_from_its_metadata(bombs, read_i
     assert path.stat().st_size < 100_000
     line, seconds, peak = read_in_child["plain"]
     assert line == (f"DatasetError: {path} row group 1: 270 MiB uncompressed in column(s) "
-                    "prompt, more than the 256 MiB read at once; rewrite it with smaller row groups")
+                    "prompt, more than the 256 MiB read at once; rewrite it with smaller row "
+                    "groups")
     assert peak < 64 * MIB and seconds < 30, (peak / MIB, seconds)  # nothing decompressed
 
 
@@ -208,7 +209,8 @@ def test_a_hub_data_set_is_read_by_the_bounded_reader(hub):
     with pytest.raises(DatasetError, match=r"hf:openai/gsm8k:test: name a config, "
                                            r"hf:openai/gsm8k:CONFIG:test \(configs: \['main', "):
         load_prompts("hf:openai/gsm8k:test", limit=2)
-    with pytest.raises(DatasetError, match=r"no split 'train' in config 'main' \(splits: \['test'\]"):
+    with pytest.raises(DatasetError,
+                       match=r"no split 'train' in config 'main' \(splits: \['test'\]"):
         load_prompts("hf:openai/gsm8k:main:train", limit=2)
 
 
