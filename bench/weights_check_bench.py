@@ -59,7 +59,8 @@ def one_model(name: str, budget: float) -> dict:
     serving = timed(lambda: _folder_problem.__wrapped__(str(folder), stamp), 3)
     return {"model": name, "parameters": sum(p.numel() for p in fresh.model.parameters()),
             "file_mib": round(sum(p.stat().st_size for p in files) / 2 ** 20, 1),
-            "load_without_ms": round(t.full_median_ms, 1), "load_with_ms": round(t.variant_median_ms, 1),
+            "load_without_ms": round(t.full_median_ms, 1),
+            "load_with_ms": round(t.variant_median_ms, 1),
             "without_over_with": round(t.speedup, 4), "iqr": [round(t.low, 4), round(t.high, 4)],
             "rounds": t.rounds, "trustworthy": t.trustworthy, "note": t.note,
             "finite_pass_first_ms": round(cold * 1e3, 1),
