@@ -25,9 +25,18 @@ def command_modules() -> dict:
     return mods
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse held to the CLI's contract: a bad flag is one `error:` line, exit code 2 (argparse
+    itself prints the whole usage first). Sub-commands' parsers are of this class too."""
+
+    def error(self, message: str):
+        text = " ".join(message.split())
+        self.exit(2, f"error: {text} (see {self.prog} --help)\n")
+
+
 def build_parser(mods: dict) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pop_analysis",
-                                     description="POP Lab: prefill-only pruning analysis")
+    parser = Parser(prog="python -m pop_analysis",
+                    description="POP Lab: prefill-only pruning analysis")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, mod in sorted(mods.items()):
         # serve_bench.py answers to `serve-bench` (and to its module name)

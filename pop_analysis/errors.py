@@ -16,3 +16,12 @@ def shown(value, limit: int = 60) -> str:
     """repr() of user input for an error line, cut to `limit` characters (input can be huge)."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
+
+
+def listed(names, most: int = 12) -> str:
+    """Field names for an error line: the first `most`, sorted, and how many there are (a record
+    can have millions)."""
+    names = sorted(map(str, names))
+    if len(names) <= most:
+        return str(names)
+    return f"{str(names[:most])[:-1]}, ...] ({len(names)} in all)"

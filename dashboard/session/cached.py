@@ -79,6 +79,9 @@ def prompt_set(source: str, field: str | None = None, limit: int | None = None):
     return _prompt_set(source, field, limit, stamp, upload_name(source))
 
 
+MAX_FIELDS = 200  # field names offered for the prompt field
+
+
 @st.cache_data(show_spinner=False, max_entries=32)
 def peek_fields(path: str) -> list[str]:
     """Field names of a .jsonl / .json / .csv file's first record ([] when unknown, unreadable,
@@ -96,7 +99,8 @@ def peek_fields(path: str) -> list[str]:
         return []
     if not isinstance(first, dict):
         return []
-    return list(map(str, first)) if p.suffix.lower() == ".csv" else sorted(map(str, first))
+    names = list(map(str, first)) if p.suffix.lower() == ".csv" else sorted(map(str, first))
+    return names[:MAX_FIELDS]  # a record may have a million fields; a select box shows a few
 
 
 # ---------- compare: stored calibrations as overlays ----------

@@ -9,12 +9,17 @@ Inputs that must survive a page change (prompt, variant, data set, sweep setting
 whose key is registered with `kept(key, default)`: Streamlit drops a widget's state when its
 page is not drawn, so app.py copies every registered widget value to a canonical "keep." key at
 the start of each run (`remember_inputs`) and `kept` restores it when the widget is drawn again.
+Every number box's key goes through `kept`, which is also where a value that is no finite number
+(NaN, infinity, a string) is refused: one error line, the box back at its default.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import streamlit as st
+
+from pop_analysis.errors import shown
 
 MODEL = "lab.model"  # ModelSpec of the model the user asked for (last one that loaded)
 SKIP = "lab.skip"  # tuple[int, ...]: the chosen skip set, shared by every page
@@ -114,6 +119,11 @@ def kept(key: str, default=None, options=None) -> str:
         value = st.session_state.get(KEEP + key, default)
         if value is not None:
             st.session_state[key] = value
+    if is_number(default) and key in st.session_state and not finite(st.session_state[key]):
+        # A number box's value that is no finite number (NaN never compares greater: a bound
+        # check lets it through) is reset before the widget shows it, with one line below it.
+        st.error(f"{shown(st.session_state[key])} is not a finite number: reset to {default}.")
+        st.session_state[key] = default
     if options is not None and key in st.session_state:
         v = st.session_state[key]
         if isinstance(v, list):
@@ -121,6 +131,14 @@ def kept(key: str, default=None, options=None) -> str:
         elif v not in options:
             st.session_state[key] = default
     return key
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def finite(v) -> bool:
+    return is_number(v) and math.isfinite(v)
 
 
 def remember_inputs() -> None:

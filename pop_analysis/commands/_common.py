@@ -1,13 +1,80 @@
 """Arguments and helpers shared by several commands."""
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
+import re
 import sys
 
 from pop_analysis.engine.models import DEFAULT_MODEL, load_model
 from pop_analysis.engine.skipset import resolve
 from pop_analysis.errors import InputError, shown
+
+# Upper bounds of the numeric options: far beyond any honest run, short of runs that never end.
+MAX_TOKENS = 1 << 24  # tokens in a prompt or an answer: beyond any model's context (16.7M)
+MAX_WAIT_S = 86400.0  # seconds any command waits at most (a day)
+MAX_SEED = 2 ** 63 - 1  # seeds torch and the samplers take
+MAX_COUNT = 2 ** 63 - 1  # sizes checked against the data itself (which says how many it holds)
+
+
+class Num:
+    """An argparse type: one finite number in [low, high] (open_low / open_high: the bound itself
+    excluded), parsed as `kind`.
+    NaN and infinity are refused (a NaN never compares greater: a timeout of nan never ends),
+    and so is an int written as a float ('1e3'); the error is one line naming the bound."""
+
+    def __init__(self, kind: type = int, low=None, high=None, open_low: bool = False,
+                 open_high: bool = False, unit: str = ""):
+        self.kind, self.low, self.high, self.unit = kind, low, high, unit
+        self.open_low, self.open_high = open_low, open_high
+        self.__name__ = kind.__name__  # argparse names the type in some messages
+
+    def describe(self) -> str:
+        what = ("a whole number" if self.kind is int else "a finite number") + (
+            f" of {self.unit}" if self.unit else "")
+        if self.low is None and self.high is None:
+            return what
+        if self.high is None:
+            return f"{what} {'>' if self.open_low else '>='} {self.low:g}"
+        if self.kind is int:
+            return f"{what} in {self.low}..{self.high}"
+        return (f"{what} in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}"
+                f"{')' if self.open_high else ']'}")
+
+    def __call__(self, text: str):
+        value = self._parse(text.strip())
+        if value is None or not self._within(value):
+            raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {shown(text)}")
+        return value
+
+    def _within(self, value) -> bool:
+        low = self.low is None or (value > self.low if self.open_low else value >= self.low)
+        return low and (self.high is None or (value < self.high if self.open_high
+                                              else value <= self.high))
+
+    def _parse(self, text: str):
+        if self.kind is int:  # at most 30 digits: int() of a million digits takes seconds
+            return int(text) if re.fullmatch(r"[+-]?[0-9]{1,30}", text) else None
+        try:
+            value = float(text)
+        except ValueError:
+            return None
+        return value if math.isfinite(value) else None
+
+
+TOKENS = Num(int, 1, MAX_TOKENS)
+SEED = Num(int, 0, MAX_SEED)
+COUNT = Num(int, 1, MAX_COUNT)  # a size the data checks (it knows how many items it holds)
+TEMPERATURE = Num(float, 0.0, 100.0)  # at 100 sampling is uniform already
+TOP_P = Num(float, 0.0, 1.0, open_low=True)
+RATIO = Num(float, 0.0, 1.0, open_high=True)  # a share of the layers skipped
+
+
+def seconds(high: float) -> Num:
+    """A positive, finite duration of at most `high` seconds."""
+    return Num(float, 0.0, high, open_low=True, unit="seconds")
 
 
 def add_model_args(p) -> None:
@@ -17,21 +84,22 @@ def add_model_args(p) -> None:
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a hub model's own code to run (off by default)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--threads", type=Num(int, 1), default=None, help="CPU threads for torch")
     p.add_argument("--json", action="store_true", help="end stdout with one JSON object")
 
 
 def add_skip_args(p, default_ratio: float | None = None) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--skip", default=None, help="explicit 0-indexed layers, e.g. 20-29 or 3,5,7")
-    g.add_argument("--skip-ratio", type=float, default=None,
+    g.add_argument("--skip-ratio", type=RATIO, default=None,
                    help=f"skip the last round(ratio*L) layers (default {default_ratio})")
     g.add_argument("--preset", default=None, help="paper, shallow, interleaved or none")
     p.set_defaults(default_ratio=default_ratio)
 
 
-def int_list(text: str, flag: str, minimum: int = 0) -> list[int]:
-    """'1, 2,3' -> [1, 2, 3]: plain decimal integers >= minimum; an empty list is refused."""
+def int_list(text: str, flag: str, minimum: int = 0, maximum: int | None = None) -> list[int]:
+    """'1, 2,3' -> [1, 2, 3]: plain decimal integers in minimum..maximum; an empty list is
+    refused."""
     parts = [x.strip() for x in text.split(",") if x.strip()]
     if not all(x.isascii() and x.isdigit() for x in parts):
         raise InputError(f"{flag} must be comma-separated integers, got {shown(text)}")
@@ -42,7 +110,25 @@ def int_list(text: str, flag: str, minimum: int = 0) -> list[int]:
     values = [int(x) for x in parts]
     if min(values) < minimum:
         raise InputError(f"{flag} needs integers >= {minimum}, got {shown(text)}")
+    if maximum is not None and max(values) > maximum:
+        raise InputError(f"{flag} needs integers <= {maximum}, got {max(values)}")
     return values
+
+
+def float_list(text: str, flag: str, each: Num, inf_ok: bool = False) -> list[float]:
+    """'0.2, 0.5' -> [0.2, 0.5], each value checked by `each` ('inf' kept where `inf_ok`)."""
+    out = []
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        if inf_ok and part.lower() in ("inf", "infinity", "+inf"):
+            out.append(math.inf)
+            continue
+        try:
+            out.append(each(part))
+        except argparse.ArgumentTypeError as e:
+            raise InputError(f"{flag}: each value {e}{' (or inf)' if inf_ok else ''}") from None
+    if not out:
+        raise InputError(f"{flag} holds no numbers, got {shown(text)}")
+    return out
 
 
 def set_threads(args) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from pop_analysis.commands._common import emit_json, int_list
+from pop_analysis.commands._common import Num, emit_json, int_list
 from pop_analysis.commands._serving import stderr_progress
 from pop_analysis.serving import disagg
 
@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
     g.add_argument("--prefill-cpus", help="cores of the prefill instance, e.g. 0 or 0-3 "
                                           "(default: the first half)")
     g.add_argument("--decode-cpus", help="cores of the decode instance (default: the second half)")
-    g.add_argument("--block-size", type=int, default=disagg.BLOCK_SIZE,
+    g.add_argument("--block-size", type=Num(int, 32, 1 << 16), default=disagg.BLOCK_SIZE,
                    help=f"KV cache block size of both instances (multiple of 32, default "
                         f"{disagg.BLOCK_SIZE})")
     g.add_argument("--kv-dir", help="the connector's storage root (default cache/kv_transfer; "

@@ -2,6 +2,7 @@
 held-out items that measure a skip set."""
 from __future__ import annotations
 
+from pop_analysis.commands._common import COUNT, MAX_COUNT, MAX_TOKENS, SEED, TOKENS, Num
 from pop_analysis.data.prompts import BUILTIN_NAME, load_prompts
 from pop_analysis.errors import InputError, shown
 from pop_analysis.experiments.methods_run import ImportanceConfig, cached_importance
@@ -14,13 +15,13 @@ def add_ranking_args(p, samples: int = 32) -> None:
                    help="prompts that rank the layers: builtin, wizardlm, gsm8k, selfinstruct, a "
                         ".jsonl/.json/.csv/.parquet/.txt file or hf:NAME[:split]")
     p.add_argument("--field", default=None, help="prompt field (default: detected)")
-    p.add_argument("--samples", type=int, default=samples, help="prompts, the same for every method")
-    p.add_argument("--new-tokens", type=int, default=d.new_tokens,
+    p.add_argument("--samples", type=COUNT, default=samples, help="prompts, the same for every method")
+    p.add_argument("--new-tokens", type=TOKENS, default=d.new_tokens,
                    help="gate: sampled response bound; drop-one: tokens of the full model's "
                         "continuation scored")
-    p.add_argument("--seed", type=int, default=d.seed, help="gate sampling and random baseline seed")
+    p.add_argument("--seed", type=SEED, default=d.seed, help="gate sampling and random baseline seed")
     p.add_argument("--raw", action="store_true", help="tokenise prompts as is, no chat template")
-    p.add_argument("--resamples", type=int, default=d.resamples,
+    p.add_argument("--resamples", type=Num(int, 1, 100_000), default=d.resamples,
                    help="bootstrap resamples of the agreement intervals")
     p.add_argument("--no-cache", action="store_true", help="recompute even when a result is stored")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -30,12 +31,12 @@ def add_eval_args(p, samples: int) -> None:
     p.add_argument("--eval-dataset", default="gsm8k",
                    help="held-out items that measure each skip set (gsm8k: questions with "
                         "reference answers; a .jsonl file; wizardlm: the full model's continuation)")
-    p.add_argument("--eval-samples", type=int, default=samples, help="held-out items")
-    p.add_argument("--offset", type=int, default=0,
+    p.add_argument("--eval-samples", type=COUNT, default=samples, help="held-out items")
+    p.add_argument("--offset", type=Num(int, 0, MAX_COUNT), default=0,
                    help="items of the held-out set skipped first (when it is the ranking's own set)")
-    p.add_argument("--answer-tokens", type=int, default=32,
+    p.add_argument("--answer-tokens", type=Num(int, 0, MAX_TOKENS), default=32,
                    help="reference tokens scored per item (0: the whole reference)")
-    p.add_argument("--bench-tokens", type=int, default=512,
+    p.add_argument("--bench-tokens", type=TOKENS, default=512,
                    help="prompt length of the FLOP ideal and the timed speedup")
     p.add_argument("--no-speed", action="store_true", help="no timed speedups (the FLOP ideal only)")
 

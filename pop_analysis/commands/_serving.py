@@ -3,11 +3,18 @@ from __future__ import annotations
 
 import sys
 
+from pop_analysis.commands._common import (
+    MAX_TOKENS,
+    MAX_WAIT_S,
+    Num,
+    quiet_hf,
+    seconds,
+    skip_from_args,
+)
+from pop_analysis.commands._repair import add_repair_arg
 from pop_analysis.engine.models import DEFAULT_MODEL
 from pop_analysis.serving.server import START_TIMEOUT_S
 from pop_analysis.serving.spec import VARIANTS, make_spec, model_dir, n_layers
-from pop_analysis.commands._common import quiet_hf, skip_from_args
-from pop_analysis.commands._repair import add_repair_arg
 
 
 def add_engine_args(p, variant_default: str = "pop") -> None:
@@ -17,17 +24,19 @@ def add_engine_args(p, variant_default: str = "pop") -> None:
     p.add_argument("--variant", default=variant_default, choices=VARIANTS,
                    help=f"what the engine serves (default {variant_default}; full = stock vLLM)")
     add_repair_arg(p)  # the maps of --variant pop_repair (its stored file goes to the engine)
-    p.add_argument("--kv-cache-gib", type=int, default=1,
+    p.add_argument("--kv-cache-gib", type=Num(int, 1, 4096), default=1,
                    help="the engine's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE, default 1)")
-    p.add_argument("--max-model-len", type=int, default=4096, help="longest request in tokens")
+    p.add_argument("--max-model-len", type=Num(int, 16, MAX_TOKENS), default=4096,
+                   help="longest request in tokens")
     p.add_argument("--dtype", default="float32", help="engine dtype (default float32, as POP Lab on CPU)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+    p.add_argument("--tensor-parallel-size", type=Num(int, 1, 1024), default=1, metavar="N",
                    help="engine ranks sharing each layer, one core each (default 1)")
-    p.add_argument("--pipeline-parallel-size", type=int, default=1, metavar="N",
+    p.add_argument("--pipeline-parallel-size", type=Num(int, 1, 1024), default=1, metavar="N",
                    help="engine stages holding consecutive layers, one core each (default 1)")
     p.add_argument("--compiled", action="store_true",
                    help="let vLLM compile the model (slower start; default eager)")
-    p.add_argument("--start-timeout", type=float, default=START_TIMEOUT_S, metavar="SECONDS",
+    p.add_argument("--start-timeout", type=seconds(MAX_WAIT_S), default=START_TIMEOUT_S,
+                   metavar="SECONDS",
                    help=f"give up when the engine has not answered after this long (default {START_TIMEOUT_S:g})")
 
 

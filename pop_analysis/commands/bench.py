@@ -1,20 +1,30 @@
 """Time TTFT of the full model and POP at several prompt lengths (the timing protocol)."""
 from __future__ import annotations
 
-from pop_analysis.commands._common import (add_model_args, add_skip_args, emit_json, load, quiet_hf,
-    skip_from_args)
+from pop_analysis.commands._common import (
+    MAX_TOKENS,
+    Num,
+    add_model_args,
+    add_skip_args,
+    emit_json,
+    int_list,
+    load,
+    quiet_hf,
+    seconds,
+    skip_from_args,
+)
 from pop_analysis.commands._repair import add_repair_arg, attach_repair
 from pop_analysis.speed.bench import bench
-from pop_analysis.speed.timing import check_budget, check_rounds
+from pop_analysis.speed.timing import MAX_BUDGET_S, MAX_ROUNDS, check_budget, check_rounds
 
 
 def add_arguments(p) -> None:
     add_model_args(p)
     add_skip_args(p, default_ratio=0.33)
     p.add_argument("--lengths", default="32,128,512,2048", help="comma list of prompt lengths")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=Num(int, 1, MAX_ROUNDS), default=3,
                    help="fewest timed rounds per length (at least 3 are run)")
-    p.add_argument("--timing-budget", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--timing-budget", type=seconds(MAX_BUDGET_S), default=10.0, metavar="SECONDS",
                    help="more rounds while their time stays within this (per length)")
     p.add_argument("--with-hf", action="store_true", help="also time HF's own forward")
     add_repair_arg(p)  # also time pop_repair against pop (same protocol) at each length
@@ -22,12 +32,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     quiet_hf()
-    try:
-        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
-    if not lengths or min(lengths) < 1:
-        raise ValueError("--lengths needs positive integers")
+    lengths = int_list(args.lengths, "--lengths", 1, MAX_TOKENS)
     check_rounds(args.repeats)
     check_budget(args.timing_budget)
     lm = load(args)

@@ -1,7 +1,19 @@
 """Stage-aware layer importance (virtual gates) on a prompt set, cached in the results store."""
 from __future__ import annotations
 
-from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._common import (
+    COUNT,
+    MAX_COUNT,
+    SEED,
+    TEMPERATURE,
+    TOKENS,
+    TOP_P,
+    Num,
+    add_model_args,
+    emit_json,
+    load,
+    quiet_hf,
+)
 from pop_analysis.data.prompts import BUILTIN_NAME, load_prompts
 from pop_analysis.importance.calibrate import CalibrationConfig, cached_calibration, suggest_skip
 from pop_analysis.progress import terminal_bar
@@ -13,15 +25,15 @@ def add_arguments(p) -> None:
     p.add_argument("--dataset", default=BUILTIN_NAME,
                    help="builtin, a .jsonl/.json/.csv/.parquet/.txt file, or hf:NAME[:split]")
     p.add_argument("--field", default=None, help="prompt field (default: detected)")
-    p.add_argument("--samples", type=int, default=d.n_samples, help="prompts to calibrate on")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
+    p.add_argument("--samples", type=COUNT, default=d.n_samples, help="prompts to calibrate on")
+    p.add_argument("--max-new-tokens", type=TOKENS, default=d.max_new_tokens,
                    help="sampled response length bound")
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--top-p", type=float, default=d.top_p)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
+    p.add_argument("--temperature", type=TEMPERATURE, default=d.temperature)
+    p.add_argument("--top-p", type=TOP_P, default=d.top_p)
+    p.add_argument("--seed", type=SEED, default=d.seed)
+    p.add_argument("--batch-size", type=Num(int, 1, 4096), default=d.batch_size,
                    help="prompts per batch (speed only)")
-    p.add_argument("--loo-samples", type=int, default=d.loo_samples,
+    p.add_argument("--loo-samples", type=Num(int, 0, MAX_COUNT), default=d.loo_samples,
                    help="exact leave-one-layer-out on this many samples (0 = off)")
     p.add_argument("--raw", action="store_true", help="tokenise prompts as is, no chat template")
     p.add_argument("--no-cache", action="store_true", help="recompute even when a result is stored")
@@ -32,6 +44,9 @@ def run(args) -> int:
     cfg = CalibrationConfig(n_samples=args.samples, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                             batch_size=args.batch_size, loo_samples=args.loo_samples, raw=args.raw)
+    if args.loo_samples > args.samples:
+        raise ValueError(f"--loo-samples {args.loo_samples} is more than the {args.samples} "
+                         "samples calibrated on")
     prompts = load_prompts(args.dataset, field=args.field, limit=args.samples)
     lm = load(args)
     result, hit = cached_calibration(lm, prompts, cfg, use_cache=not args.no_cache,

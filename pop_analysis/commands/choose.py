@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf
-from pop_analysis.commands._importance import add_eval_args, add_ranking_args, ranking, ranking_config
+from pop_analysis.commands._common import Num, add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._importance import (
+    add_eval_args,
+    add_ranking_args,
+    ranking,
+    ranking_config,
+)
 from pop_analysis.experiments.choose import Budget, ChooseConfig, cached_choice
 from pop_analysis.importance.methods import METHODS
 from pop_analysis.importance.picks import SHAPES
@@ -15,17 +20,17 @@ from pop_analysis.progress import terminal_bar
 def add_arguments(p) -> None:
     add_model_args(p)
     d = ChooseConfig()
-    p.add_argument("--max-delta-nll", type=float, default=None,
+    p.add_argument("--max-delta-nll", type=Num(float, 0.0, 1e6), default=None,
                    help="the upper 95%% bound of ΔNLL vs the full model must stay at or below this")
-    p.add_argument("--min-top1", type=float, default=None,
+    p.add_argument("--min-top1", type=Num(float, 0.0, 1.0), default=None,
                    help="the lower 95%% bound of top-1 agreement with the full model must stay at "
                         "or above this (e.g. 0.9)")
     p.add_argument("--method", default=d.method, help=f"whose ranking: {', '.join(METHODS)}")
     p.add_argument("--shape", default=d.shape, choices=SHAPES,
                    help="free: any layers; block: one contiguous block")
-    p.add_argument("--probes", type=int, default=d.probes, help="set sizes per bisection round")
-    p.add_argument("--refine", type=int, default=d.refine, help="candidates per refinement round")
-    p.add_argument("--max-candidates", type=int, default=d.max_candidates,
+    p.add_argument("--probes", type=Num(int, 1, 64), default=d.probes, help="set sizes per bisection round")
+    p.add_argument("--refine", type=Num(int, 0, 64), default=d.refine, help="candidates per refinement round")
+    p.add_argument("--max-candidates", type=Num(int, 1, 10_000), default=d.max_candidates,
                    help="the most sets measured")
     add_ranking_args(p)
     add_eval_args(p, samples=d.n_samples)

@@ -1,8 +1,18 @@
 """Representation drift of POP vs the full model: hidden, K, V, attention output, next token."""
 from __future__ import annotations
 
-from pop_analysis.commands._common import (add_model_args, add_skip_args, emit_json, int_list, load,
-    quiet_hf, skip_from_args)
+from pop_analysis.commands._common import (
+    COUNT,
+    MAX_TOKENS,
+    TOKENS,
+    add_model_args,
+    add_skip_args,
+    emit_json,
+    int_list,
+    load,
+    quiet_hf,
+    skip_from_args,
+)
 from pop_analysis.commands._repair import add_repair_arg, attach_repair
 from pop_analysis.data.prompts import load_prompts
 from pop_analysis.engine.generate import encode
@@ -21,10 +31,10 @@ def add_arguments(p) -> None:
     src.add_argument("--prompt", default=None, help="one prompt text")
     src.add_argument("--dataset", default=None,
                      help="prompts: builtin or a .jsonl/.json/.csv/.parquet/.txt file")
-    p.add_argument("--samples", type=int, default=3, help="prompts from --dataset (default 3)")
+    p.add_argument("--samples", type=COUNT, default=3, help="prompts from --dataset (default 3)")
     p.add_argument("--raw", action="store_true", help="no chat template")
-    p.add_argument("--decode-steps", type=int, default=8, help="next-token steps compared (K)")
-    p.add_argument("--max-tokens-plot", type=int, default=256, help="heatmap columns at most")
+    p.add_argument("--decode-steps", type=TOKENS, default=8, help="next-token steps compared (K)")
+    p.add_argument("--max-tokens-plot", type=TOKENS, default=256, help="heatmap columns at most")
     p.add_argument("--lengths", default=None,
                    help="also drift against context length, e.g. 128,512,1024,2048")
     p.add_argument("--text-source", default=None,
@@ -73,7 +83,7 @@ def run(args) -> int:
 
 
 def _parse_lengths(text: str | None) -> list[int]:
-    return int_list(text, "--lengths", minimum=2) if text else []
+    return int_list(text, "--lengths", 2, MAX_TOKENS) if text else []
 
 
 def _prompt_texts(args) -> list[str]:

@@ -1,13 +1,32 @@
 """Generate with the full model and POP variants side by side."""
 from __future__ import annotations
 
-from pop_analysis.commands._common import (add_model_args, add_skip_args, emit_json, int_list, load,
-    quiet_hf, skip_from_args)
+from pop_analysis.commands._common import (
+    SEED,
+    TEMPERATURE,
+    TOKENS,
+    TOP_P,
+    Num,
+    add_model_args,
+    add_skip_args,
+    emit_json,
+    int_list,
+    load,
+    quiet_hf,
+    seconds,
+    skip_from_args,
+)
 from pop_analysis.commands._repair import add_repair_arg, attach_repair, need_repair
 from pop_analysis.engine.generate import SamplingConfig, encode
 from pop_analysis.engine.generate import run as run_generation
 from pop_analysis.engine.pop import VARIANTS, check_prompt
-from pop_analysis.speed.timing import TimingConfig, check_budget, check_rounds
+from pop_analysis.speed.timing import (
+    MAX_BUDGET_S,
+    MAX_ROUNDS,
+    TimingConfig,
+    check_budget,
+    check_rounds,
+)
 
 
 def add_arguments(p) -> None:
@@ -17,17 +36,17 @@ def add_arguments(p) -> None:
     src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
     add_skip_args(p, default_ratio=0.33)
     p.add_argument("--variants", default="full,pop", help=f"comma list of {', '.join(VARIANTS)}")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=TOKENS, default=32)
+    p.add_argument("--temperature", type=TEMPERATURE, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=TOP_P, default=1.0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--raw", action="store_true", help="tokenise the prompt as is, no chat template")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the untimed warm-up prompt pass (first timings then include warm-up)")
     add_repair_arg(p)
-    p.add_argument("--timing-rounds", type=int, default=3,
+    p.add_argument("--timing-rounds", type=Num(int, 1, MAX_ROUNDS), default=3,
                    help="fewest timed rounds of the prefill speedup (at least 3 are run)")
-    p.add_argument("--timing-budget", type=float, default=2.0, metavar="SECONDS",
+    p.add_argument("--timing-budget", type=seconds(MAX_BUDGET_S), default=2.0, metavar="SECONDS",
                    help="more timing rounds while they fit in this many seconds")
 
 

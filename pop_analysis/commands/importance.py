@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf
-from pop_analysis.commands._importance import (add_eval_args, add_ranking_args, floats, ranking,
-    ranking_config)
+from pop_analysis.commands._common import Num, add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._importance import (
+    add_eval_args,
+    add_ranking_args,
+    floats,
+    ranking,
+    ranking_config,
+)
 from pop_analysis.experiments.methods_compare import CompareConfig, cached_comparison
 from pop_analysis.importance.methods import METHODS, help_text, parse_methods, primary
 from pop_analysis.importance.picks import BUDGETS, SHAPES
@@ -23,8 +28,8 @@ def add_arguments(p) -> None:
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)),
                    help="shares of the layers skipped in the comparison")
     p.add_argument("--shapes", default=",".join(SHAPES), help="block (contiguous), free, or both")
-    p.add_argument("--random-seeds", type=int, default=3, help="draws of the random baseline")
-    p.add_argument("--retrieval", type=int, default=0,
+    p.add_argument("--random-seeds", type=Num(int, 1, 1000), default=3, help="draws of the random baseline")
+    p.add_argument("--retrieval", type=Num(int, 0, 100_000), default=0,
                    help="synthetic retrieval items scored too in the comparison (0: none)")
     add_eval_args(p, samples=100)
 

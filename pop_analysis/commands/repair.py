@@ -3,12 +3,20 @@ from __future__ import annotations
 
 import time
 
-from pop_analysis.commands._common import (add_model_args, add_skip_args, emit_json, load, quiet_hf,
-    skip_from_args)
+from pop_analysis.commands._common import (
+    COUNT,
+    TOKENS,
+    add_model_args,
+    add_skip_args,
+    emit_json,
+    load,
+    quiet_hf,
+    skip_from_args,
+)
 from pop_analysis.data.prompts import BUILTIN_NAME
 from pop_analysis.engine.skipset import describe
 from pop_analysis.progress import terminal_bar
-from pop_analysis.repair.fit import RepairConfig
+from pop_analysis.repair.fit import RepairConfig, check_data
 from pop_analysis.repair.store import fit_and_store, listing, memory
 
 
@@ -22,11 +30,11 @@ def add_arguments(p) -> None:
                    help="calibration prompts: builtin, a .jsonl/.json/.csv/.parquet/.txt file or "
                         "hf:NAME; with --answers also gsm8k_train")
     f.add_argument("--field", default=None, help="prompt field of a file (default: detected)")
-    f.add_argument("--samples", type=int, default=d.n_samples, help="calibration prompts")
+    f.add_argument("--samples", type=COUNT, default=d.n_samples, help="calibration prompts")
     f.add_argument("--answers", action="store_true",
                    help="append each record's reference answer (e.g. GSM8K's) to its prompt")
     f.add_argument("--raw", action="store_true", help="no chat template")
-    f.add_argument("--max-tokens", type=int, default=d.max_tokens,
+    f.add_argument("--max-tokens", type=TOKENS, default=d.max_tokens,
                    help="distinct calibration tokens used at most")
     f.add_argument("--unweighted", action="store_true",
                    help="count rows shared by several prompts (a common system prompt) once")
@@ -41,11 +49,10 @@ def run(args) -> int:
 
 
 def _fit(args) -> int:
-    if args.samples < 1 or args.max_tokens < 1:
-        raise ValueError("--samples and --max-tokens must be at least 1")
     cfg = RepairConfig(data=args.data, field=args.field, n_samples=args.samples,
                        answers=args.answers, raw=args.raw, max_tokens=args.max_tokens,
                        weighted=not args.unweighted)
+    check_data(cfg)  # a size beyond the data: one line before the model loads
     lm = load(args)
     skip = skip_from_args(args, lm.adapter.n_layers)
     t0 = time.perf_counter()

@@ -6,12 +6,29 @@ import os
 import sys
 from pathlib import Path
 
-from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf, writable
+from pop_analysis.commands._common import (
+    COUNT,
+    MAX_TOKENS,
+    TOKENS,
+    Num,
+    add_model_args,
+    emit_json,
+    int_list,
+    load,
+    quiet_hf,
+    writable,
+)
 from pop_analysis.experiments.report import PARTS, ReportConfig, ReportError, collect
 from pop_analysis.experiments.report_doc import place, slug
-from pop_analysis.experiments.report_methods import MethodsReportConfig, methods_part, render_methods
+from pop_analysis.experiments.report_methods import (
+    MethodsReportConfig,
+    methods_part,
+    render_methods,
+)
 from pop_analysis.experiments.report_render import write_report
 from pop_analysis.progress import terminal_bar
+from pop_analysis.quality.evalsets import check_size
+from pop_analysis.speed.timing import MAX_ROUNDS
 from pop_analysis.store.paths import REPO_ROOT
 
 DEFAULT_OUT = REPO_ROOT / "docs" / "reproduction.md"
@@ -21,20 +38,21 @@ METHODS_PART = "methods"
 def add_arguments(p) -> None:
     add_model_args(p)
     d = ReportConfig()
-    p.add_argument("--n", type=int, default=d.n, help="items per cell of Tables 3 and 4")
-    p.add_argument("--retrieval-length", type=int, default=d.retrieval_length,
+    p.add_argument("--n", type=COUNT, default=d.n, help="items per cell of Tables 3 and 4")
+    p.add_argument("--retrieval-length", type=TOKENS, default=d.retrieval_length,
                    help="prompt tokens of the tables' retrieval column")
     p.add_argument("--lengths", default=",".join(map(str, d.lengths)),
                    help="prompt lengths of the full-vs-POP retrieval check")
-    p.add_argument("--length-n", type=int, default=d.length_n, help="retrieval items per length")
-    p.add_argument("--mc-n", type=int, default=d.mc_n, help="documents per multiple-choice task")
-    p.add_argument("--greedy-tokens", type=int, default=d.greedy_tokens,
+    p.add_argument("--length-n", type=COUNT, default=d.length_n, help="retrieval items per length")
+    p.add_argument("--mc-n", type=COUNT, default=d.mc_n, help="documents per multiple-choice task")
+    p.add_argument("--greedy-tokens", type=Num(int, 0, MAX_TOKENS), default=d.greedy_tokens,
                    help="greedy tokens compared on GSM8K (0: teacher-forced metrics only)")
-    p.add_argument("--repeats", type=int, default=d.repeats, help="timed rounds per speedup")
+    p.add_argument("--repeats", type=Num(int, 1, MAX_ROUNDS), default=d.repeats,
+                   help="timed rounds per speedup")
     m = MethodsReportConfig()
-    p.add_argument("--methods-n", type=int, default=m.n,
+    p.add_argument("--methods-n", type=COUNT, default=m.n,
                    help="methods part: ranking prompts (WizardLM test set) for every method")
-    p.add_argument("--methods-eval-n", type=int, default=m.eval_n,
+    p.add_argument("--methods-eval-n", type=COUNT, default=m.eval_n,
                    help="methods part: held-out GSM8K items per skip set")
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"parts to compute now (others come from the cache): {', '.join(PARTS)}; "
@@ -47,13 +65,7 @@ def add_arguments(p) -> None:
 
 
 def config_from_args(args) -> ReportConfig:
-    try:
-        lengths = tuple(int(x) for x in args.lengths.split(",") if x.strip())
-    except ValueError:
-        raise ReportError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
-    if min(args.n, args.length_n, args.mc_n, args.repeats) < 1 or not lengths or args.greedy_tokens < 0:
-        raise ReportError("--n, --length-n, --mc-n and --repeats must be >= 1, --lengths non-empty, "
-                          "--greedy-tokens >= 0")
+    lengths = tuple(int_list(args.lengths, "--lengths", 1, MAX_TOKENS))
     return ReportConfig(n=args.n, retrieval_length=args.retrieval_length, lengths=lengths,
                         length_n=args.length_n, mc_n=args.mc_n, greedy_tokens=args.greedy_tokens,
                         repeats=args.repeats)
@@ -65,6 +77,16 @@ def check_lengths(cfg: ReportConfig, context: int) -> None:
         if n < 1 or (context and n > context):
             raise ReportError(f"{flag} {n} exceeds the model's context of {context} tokens"
                               if n >= 1 else f"{flag} must be at least 1, got {n}")
+
+
+def check_sizes(cfg: ReportConfig, parts) -> None:
+    """Every part's item count within its data (GSM8K's test set, the retrieval task's distinct
+    needles), before the model loads: one line saying how many items there are."""
+    for part in parts:
+        flag, n = (("--mc-n", cfg.mc_n) if part == "mc" else
+                   ("--length-n", cfg.length_n) if part == "length" else ("--n", cfg.n))
+        data = "gsm8k" if part in ("mc", "table3", "table4") else "retrieval"
+        check_size(data, n, flag)
 
 
 def parts_from_args(args) -> tuple[str, ...]:
@@ -110,6 +132,7 @@ def run(args) -> int:
     if out.suffix != ".md":
         raise ReportError(f"--out must name a .md file, got {out}")
     writable(str(out), "--out", make_parent=True)  # before any part runs
+    check_sizes(cfg, parts)
     lm = load(args)
     check_lengths(cfg, lm.adapter.shape.max_positions)
     bar = None if args.quiet or args.json else terminal_bar

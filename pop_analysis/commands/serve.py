@@ -1,19 +1,20 @@
 """Serve POP through a local vLLM OpenAI-compatible server until Ctrl-C."""
 from __future__ import annotations
 
-from pop_analysis.serving.server import Engine
-from pop_analysis.engine.skipset import describe
 from dataclasses import replace
 
 from pop_analysis.commands import _disagg
-from pop_analysis.commands._common import add_skip_args, emit_json
+from pop_analysis.commands._common import Num, add_skip_args, emit_json
 from pop_analysis.commands._serving import add_engine_args, spec_from_args, stderr_progress
+from pop_analysis.engine.skipset import describe
+from pop_analysis.serving.server import Engine
 
 
 def add_arguments(p) -> None:
     add_skip_args(p, default_ratio=0.33)
     add_engine_args(p)
-    p.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any free one)")
+    p.add_argument("--port", type=Num(int, 0, 65535), default=8000,
+                   help="port on 127.0.0.1 (0: any free one)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON line (url, command, start-up) once the engine is ready")
     p.add_argument("--prefix-caching", action="store_true",

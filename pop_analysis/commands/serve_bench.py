@@ -1,39 +1,49 @@
 """Load test a local vLLM server: full against POP, alternated, with the timing protocol's fields."""
 from __future__ import annotations
 
-import math
-
-from pop_analysis.serving.loadgen import LoadSpec
-from pop_analysis.serving.session import Serving
-from pop_analysis.commands._common import add_skip_args, emit_json
+from pop_analysis.commands._common import (
+    MAX_TOKENS,
+    SEED,
+    Num,
+    add_skip_args,
+    emit_json,
+    float_list,
+)
 from pop_analysis.commands._serving import add_engine_args, spec_from_args, stderr_progress
+from pop_analysis.serving.loadgen import MAX_OUTPUT, MAX_PROMPTS, LoadSpec
+from pop_analysis.serving.session import Serving
+from pop_analysis.speed.timing import MAX_ROUNDS
 
 
 def add_arguments(p) -> None:
     add_skip_args(p, default_ratio=0.33)
     add_engine_args(p)
-    p.add_argument("--requests", type=int, default=32, help="requests per load test (default 32)")
-    p.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request")
-    p.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
+    p.add_argument("--requests", type=Num(int, 1, MAX_PROMPTS), default=32,
+                   help="requests per load test (default 32)")
+    p.add_argument("--input-len", type=Num(int, 1, MAX_TOKENS), default=1024,
+                   help="prompt tokens per request")
+    p.add_argument("--output-len", type=Num(int, 2, MAX_OUTPUT), default=64,
+                   help="generated tokens per request")
     p.add_argument("--request-rates", default="2,inf",
                    help="comma list of request rates per second (inf: all at once); one row each")
-    p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most")
-    p.add_argument("--rounds", type=int, default=3, help="alternated rounds per rate (at least 3)")
+    p.add_argument("--max-concurrency", type=Num(int, 1, MAX_PROMPTS), default=None,
+                   help="requests in flight at most")
+    p.add_argument("--rounds", type=Num(int, 3, MAX_ROUNDS), default=3,
+                   help="alternated rounds per rate (at least 3)")
     p.add_argument("--engines", choices=("one", "two"), default="one",
                    help="one: a POP engine switched to full and back at run time (default); "
                         "two: stock vLLM for full beside the POP engine")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--json", action="store_true", help="end stdout with one JSON object")
 
 
+MAX_RATE = 1e6  # requests per second given as a number (inf: all at once)
+
+
 def rates(text: str) -> list[float]:
-    try:
-        out = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--request-rates must be numbers or inf, got {text!r}") from None
-    if not out or any(not r > 0 or math.isnan(r) for r in out):
-        raise ValueError(f"--request-rates needs positive numbers (or inf), got {text!r}")
-    return out
+    """Request rates: positive numbers up to MAX_RATE, or inf (all at once); never NaN."""
+    return float_list(text, "--request-rates", Num(float, 0.0, MAX_RATE, open_low=True),
+                      inf_ok=True)
 
 
 def run(args) -> int:

@@ -5,12 +5,40 @@ import json
 import sys
 from pathlib import Path
 
-from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf, writable
+from pop_analysis.commands._common import (
+    COUNT,
+    MAX_TOKENS,
+    RATIO,
+    SEED,
+    TOKENS,
+    Num,
+    add_model_args,
+    emit_json,
+    float_list,
+    int_list,
+    load,
+    quiet_hf,
+    seconds,
+    writable,
+)
 from pop_analysis.commands._repair import add_repair_arg
-from pop_analysis.experiments.sweep import (DEFAULT_SAMPLES, KINDS, SweepConfig, SweepError,
-    cached_sweep, write_csv)
+from pop_analysis.experiments.sweep import (
+    DEFAULT_SAMPLES,
+    KINDS,
+    SweepConfig,
+    SweepError,
+    cached_sweep,
+    write_csv,
+)
 from pop_analysis.progress import terminal_bar
-from pop_analysis.speed.timing import TimingError, check_budget, check_rounds
+from pop_analysis.quality.evalsets import check_size
+from pop_analysis.speed.timing import (
+    MAX_BUDGET_S,
+    MAX_ROUNDS,
+    TimingError,
+    check_budget,
+    check_rounds,
+)
 
 SHOWN = ["kind", "variant", "skip_ratio", "length", "n", "prefill_speedup", "speedup_range",
          "ideal_speedup", "roofline_speedup", "timing_trustworthy", "continuation_nll", "next_token_kl", "next_token_top1", "greedy_agreement", "exact_match",
@@ -25,7 +53,7 @@ def add_arguments(p) -> None:
                    help="which sweep; auto runs those whose option is given (ratio when none)")
     p.add_argument("--dataset", default="gsm8k",
                    help="gsm8k, wizardlm, selfinstruct, retrieval[:LENGTH], builtin or a .jsonl file")
-    p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
+    p.add_argument("--samples", type=COUNT, default=DEFAULT_SAMPLES,
                    help=f"evaluation items (default {DEFAULT_SAMPLES}: POP's NLL difference from "
                         "the full model on GSM8K then has a 95%% interval narrower than 0.05 nats)")
     p.add_argument("--ratios", default=None, help="comma list, e.g. 0,0.2,0.25,0.33,0.4,0.5,0.6")
@@ -36,35 +64,22 @@ def add_arguments(p) -> None:
     p.add_argument("--calibration", default=None,
                    help="store key of a calibration (or a JSON file with a 'prefill' list): "
                         "adds the adaptive-vs-contiguous sweep")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="greedy tokens compared")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--max-new-tokens", type=TOKENS, default=32, help="greedy tokens compared")
+    p.add_argument("--repeats", type=Num(int, 1, MAX_ROUNDS), default=3,
                    help="fewest timed rounds per speedup (at least 3 are run)")
-    p.add_argument("--timing-budget", type=float, default=2.0, metavar="SECONDS",
+    p.add_argument("--timing-budget", type=seconds(MAX_BUDGET_S), default=2.0, metavar="SECONDS",
                    help="more timing rounds per speedup while they fit in this many seconds")
-    p.add_argument("--bench-tokens", type=int, default=512, help="prompt length of the timed speedup")
+    p.add_argument("--bench-tokens", type=Num(int, 2, MAX_TOKENS), default=512,
+                   help="prompt length of the timed speedup")
     p.add_argument("--task-accuracy", action="store_true", help="also score GSM8K exact match")
     p.add_argument("--no-greedy", action="store_true",
                    help="teacher-forced metrics only (NLL, KL, top-1): no greedy decoding, "
                         "several times faster (retrieval still decodes its answer)")
-    p.add_argument("--seed", type=int, default=0, help="retrieval task seed")
+    p.add_argument("--seed", type=SEED, default=0, help="retrieval task seed")
     p.add_argument("--csv", default=None, metavar="PATH", help="also write the rows as CSV")
     p.add_argument("--no-cache", action="store_true", help="recompute even when cached")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_repair_arg(p)  # ratio sweep: a pop_repair row beside each pop row; ablation: pop_repair
-
-
-def _floats(text, flag):
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise SweepError(f"{flag} must be comma-separated numbers, got {text!r}") from None
-
-
-def _ints(text, flag):
-    vals = _floats(text, flag)
-    if any(v != int(v) or v < 1 for v in vals):
-        raise SweepError(f"{flag} must be positive integers, got {text!r}")
-    return tuple(int(v) for v in vals)
 
 
 def config_from_args(args) -> SweepConfig:
@@ -77,11 +92,11 @@ def config_from_args(args) -> SweepConfig:
         raise SweepError(str(e)) from None
     kw = {}
     if args.ratios:
-        kw["ratios"] = _floats(args.ratios, "--ratios")
+        kw["ratios"] = tuple(float_list(args.ratios, "--ratios", RATIO))
     if args.variants:
         kw["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     if args.lengths:
-        kw["lengths"] = _ints(args.lengths, "--lengths")
+        kw["lengths"] = tuple(int_list(args.lengths, "--lengths", 1, MAX_TOKENS))
     return SweepConfig(dataset=args.dataset, n_samples=args.samples,
                        max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                        timing_budget_s=args.timing_budget,
@@ -127,6 +142,8 @@ def run(args) -> int:
     calibration = load_calibration_arg(args.calibration)
     if "adaptive" in kinds and calibration is None:
         raise SweepError("the adaptive sweep needs --calibration KEY_OR_FILE")
+    for data in {"retrieval" if k == "length" else cfg.dataset for k in kinds}:
+        check_size(data, cfg.n_samples)  # before the model loads; says how many it holds
     lm = load(args)
     bar = None if args.quiet or args.json else terminal_bar
     results, out = [], {"model": lm.name, "rows": [], "sweeps": []}

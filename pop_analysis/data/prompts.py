@@ -1,7 +1,8 @@
 """Prompt sets for calibration and evaluation: built-in, local files, Hugging Face datasets.
 
 `load_prompts(source)` takes "builtin", a local .jsonl/.json/.csv/.parquet/.txt file, or
-"hf:NAME[:split]" / "hf:NAME:config:split" (streamed; needs a network). The prompt field is
+"hf:NAME[:split]" / "hf:NAME:config:split" (the hub's Parquet export, read by the same bounded
+reader as a local Parquet file; needs a network). The prompt field is
 detected (instruction, question, prompt, text, then chat messages/conversations,
 case-insensitive) or named explicitly.
 A bad file gets a DatasetError naming the file and the line (item, row); an empty set is refused.
@@ -13,10 +14,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pop_analysis.data.hub_data import hub_records, parse_source
 from pop_analysis.data.readers import (DatasetError, csv_records, json_records, jsonl_records,
     parquet_records, txt_records)
 from pop_analysis.engine.hub import unreachable_reason
-from pop_analysis.errors import first_line
+from pop_analysis.errors import first_line, listed
 
 BUILTIN_NAME = "builtin"
 FIELDS = ("instruction", "question", "prompt", "text")  # detection order
@@ -42,9 +44,14 @@ def fingerprint(prompts) -> str:
 
 
 def make_set(name: str, prompts, limit: int | None = None, where: str | None = None) -> PromptSet:
+    """The first `limit` prompts; fewer than `limit` is refused, saying how many there are (a
+    silent clamp would hide it)."""
     prompts = tuple(prompts)[:limit] if limit is not None else tuple(prompts)
     if not prompts:
         raise DatasetError(f"{where or name}: no prompts found (an empty set cannot calibrate)")
+    if limit is not None and len(prompts) < limit:
+        raise DatasetError(f"{where or name} holds {len(prompts)} prompts, fewer than the {limit} "
+                           f"asked for; ask for at most {len(prompts)}")
     return PromptSet(name=name, fingerprint=fingerprint(prompts), prompts=prompts)
 
 
@@ -80,7 +87,10 @@ def load_file(path: Path, field: str | None = None, limit: int | None = None,
     if suffix not in READERS:
         raise DatasetError(f"{name}: unsupported file type {suffix or '(none)'}; "
                            f"use one of {', '.join(SUFFIXES)}")
-    records = READERS[suffix](path, name)
+    if suffix == ".parquet":  # the prompt's columns alone, chosen from the schema
+        records = parquet_records(path, name, lambda names: prompt_columns(names, field, name))
+    else:
+        records = READERS[suffix](path, name)
     try:
         prompts = _prompts(records, name, field, limit)
     finally:
@@ -111,19 +121,29 @@ def _prompts(records, path, field: str | None, limit: int | None) -> list[str]:
     return out
 
 
+def prompt_columns(names, field: str | None, where: str) -> list[str]:
+    """The columns of a table that hold its prompts: `field` (or the detected one), with the
+    input column of instruction + input records."""
+    if field is not None and field not in names:
+        raise DatasetError(f"{where}: field {field!r} missing (fields: {listed(names)})")
+    chosen = field if field is not None else detect_field(dict.fromkeys(names), where)
+    extra = [n for n in names if n == "input"] if str(chosen).lower() == "instruction" else []
+    return [chosen, *extra]
+
+
 def detect_field(rec: dict, where: str) -> str:
     """The record's prompt field: the first of FIELDS, then CHAT_FIELDS, case-insensitive."""
     lower = {str(k).lower(): k for k in rec}
     for name in FIELDS + CHAT_FIELDS:
         if name in lower:
             return lower[name]
-    raise DatasetError(f"{where}: no prompt field found among {sorted(map(str, rec))}; expected "
+    raise DatasetError(f"{where}: no prompt field found among {listed(rec)}; expected "
                        f"one of {', '.join(FIELDS + CHAT_FIELDS)} or name it with --field")
 
 
 def _text_of(rec: dict, field: str, where: str) -> str:
     if field not in rec:
-        raise DatasetError(f"{where}: field {field!r} missing (fields: {sorted(map(str, rec))})")
+        raise DatasetError(f"{where}: field {field!r} missing (fields: {listed(rec)})")
     value = rec[field]
     if isinstance(value, list):
         return _first_user_turn(value, where)
@@ -150,27 +170,20 @@ def _first_user_turn(turns: list, where: str) -> str:
 # --- Hugging Face hub ----------------------------------------------------------------------------
 
 def _load_hf(source: str, field: str | None, limit: int | None) -> PromptSet:
-    parts = [p.strip() for p in source[3:].split(":")]
-    if not parts[0] or len(parts) > 3:
-        raise DatasetError(f"{source}: expected hf:NAME, hf:NAME:split or hf:NAME:config:split")
-    name, config = parts[0], (parts[1] or None if len(parts) == 3 else None)
-    split = parts[-1] if len(parts) > 1 and parts[-1] else "train"
-    reason = unreachable_reason()  # before datasets' own retries (half a minute offline)
+    name, config, split = parse_source(source)
+    label = f"hf:{name}:{config}:{split}" if config else f"hf:{name}:{split}"
+    reason = unreachable_reason()  # before any request (retries take half a minute offline)
     if reason is not None:
         raise DatasetError(f"{source}: cannot stream the dataset: the hub is out of reach "
                            f"({reason})")
+    records = hub_records(source, lambda names: prompt_columns(names, field, label))
     try:
-        import datasets
-
-        stream = datasets.load_dataset(name, config, split=split, streaming=True)
-        rows = []
-        for rec in stream:
-            rows.append(rec)
-            if len(rows) >= (limit or HF_DEFAULT_LIMIT):
-                break
+        prompts = _prompts(records, label, field, limit or HF_DEFAULT_LIMIT)
+    except DatasetError:
+        raise
     except Exception as e:  # noqa: BLE001 - offline, unknown name, bad split: all one message
         raise DatasetError(f"{source}: cannot stream the dataset (is the network reachable?): "
                            f"{first_line(e)}") from None
-    records = ((f"row {i}", rec) for i, rec in enumerate(rows, start=1))
-    label = f"hf:{name}:{config}:{split}" if config else f"hf:{name}:{split}"
-    return make_set(label, _prompts(records, label, field, limit), limit)
+    finally:
+        records.close()
+    return make_set(label, prompts, limit)

@@ -53,8 +53,14 @@ def text_lines(path: Path, name: str | None = None, max_line_bytes: int = MAX_LI
                                    "line)") from None
 
 
+def _short(e: ValueError) -> str:
+    """Python's own message, to its first clause ('Exceeds the limit (4300 digits) for integer
+    string conversion: value has 5000 digits; use sys.set_int_max_str_digits() ...')."""
+    return first_line(e).split(";")[0]
+
+
 def _size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n} bytes"
+    return f"{n / (1 << 20):.4g} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 def read_text(path: Path, name: str | None = None, max_chars: int = MAX_TEXT_CHARS) -> str:
@@ -79,6 +85,8 @@ def jsonl_records(path: Path, name: str | None = None):
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise DatasetError(f"{name} line {n}: invalid JSON ({e.msg})") from None
+        except ValueError as e:  # an integer of more digits than Python converts
+            raise DatasetError(f"{name} line {n}: invalid JSON ({_short(e)})") from None
         except RecursionError:
             raise DatasetError(f"{name} line {n}: JSON nested too deeply") from None
         yield f"line {n}", record
@@ -123,22 +131,82 @@ def _csv_row(reader, name: str, start: int = 1) -> list[str] | None:
         raise DatasetError(f"{name} line {reader.line_num}: {first_line(e)}") from None
 
 
-def parquet_records(path: Path, name: str | None = None, batch_rows: int = 256):
-    """(where, record) per row, read a batch of rows at a time."""
+# --- Parquet: bounded from the file's metadata before anything is decompressed ---------------
+
+# The uncompressed bytes of the columns read, per row group, from the file's own metadata: a
+# compressed bomb (4 GiB of text in 2.5 KB) is refused before it is decompressed. Rewrite a file
+# beyond it with smaller row groups (pyarrow: write_table(..., row_group_size=N)).
+MAX_ROW_GROUP_BYTES = 256 << 20
+MAX_PARQUET_TEXT = 256 << 20  # bytes of rows decoded in all (dictionary pages repeat values)
+BATCH_BYTES = 32 << 20  # decoded bytes aimed at per batch of rows
+MAX_BATCH_ROWS = 256
+
+
+def parquet_records(path, name: str | None = None, columns=None):
+    """(where, record) per row, reading only `columns(names) -> list` of the schema's columns
+    (default: all), one row group at a time, in batches sized from the row group's metadata;
+    each row's decoded size is checked before it becomes Python objects. `path` may be an open
+    binary file (a hub file)."""
     name = name or str(path)
+    pf = _parquet_file(path, name)
+    names = pf.schema_arrow.names
+    cols = list(columns(names)) if columns else names
+    leaves = [j for j in range(pf.metadata.num_columns)
+              if pf.metadata.schema.column(j).path.split(".")[0] in cols]
+    row, text = 0, 0
+    for i in range(pf.metadata.num_row_groups):
+        group = pf.metadata.row_group(i)
+        size = sum(group.column(j).total_uncompressed_size for j in leaves)
+        if size > MAX_ROW_GROUP_BYTES:
+            raise DatasetError(f"{name} row group {i + 1}: {_size(size)} uncompressed in column"
+                               f"(s) {', '.join(cols)}, more than the {_size(MAX_ROW_GROUP_BYTES)}"
+                               " read at once; rewrite it with smaller row groups")
+        for batch in _batches(pf, i, cols, _batch_rows(group, leaves, size), name):
+            for j in range(batch.num_rows):
+                row += 1
+                one = _decoded(batch.slice(j, 1))  # (1 row)
+                text += one.nbytes
+                if one.nbytes > MAX_LINE_BYTES:
+                    raise DatasetError(f"{name} row {row}: longer than {_size(MAX_LINE_BYTES)}; "
+                                       "no prompt is that long")
+                if text > MAX_PARQUET_TEXT:
+                    raise DatasetError(f"{name} row {row}: the rows read hold more than "
+                                       f"{_size(MAX_PARQUET_TEXT)}; ask for fewer rows")
+                yield f"row {row}", one.to_pylist()[0]
+
+
+def _parquet_file(path, name: str):
     try:
         import pyarrow.parquet as pq
 
-        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
-        i = 0
-        for batch in batches:
-            for rec in batch.to_pylist():
-                i += 1
-                yield f"row {i}", rec
-    except DatasetError:
-        raise
+        return pq.ParquetFile(path)  # the footer only
     except Exception as e:  # noqa: BLE001 - pyarrow raises many kinds for a damaged file
         raise DatasetError(f"{name}: not a readable Parquet file ({first_line(e)})") from None
+
+
+def _batch_rows(group, leaves, size: int) -> int:
+    """Rows per batch: about BATCH_BYTES decoded. A dictionary page can be referenced by every
+    row, so a row may decode to the whole chunk: then size, not size / rows, is a row's bound."""
+    dictionary = any(group.column(j).has_dictionary_page for j in leaves)
+    per_row = size if dictionary else size / max(group.num_rows, 1)
+    return int(min(MAX_BATCH_ROWS, max(1, BATCH_BYTES // max(per_row, 1))))
+
+
+def _batches(pf, group: int, cols, rows: int, name: str):
+    try:
+        yield from pf.iter_batches(batch_size=rows, row_groups=[group], columns=cols)
+    except Exception as e:  # noqa: BLE001
+        raise DatasetError(f"{name} row group {group + 1}: not readable "
+                           f"({first_line(e)})") from None
+
+
+def _decoded(batch):
+    """A one-row batch with dictionary columns decoded (their slice would count the whole
+    dictionary, and to_pylist would copy the value anyway)."""
+    import pyarrow as pa
+
+    cols = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in batch.columns]
+    return pa.RecordBatch.from_arrays(cols, names=batch.schema.names)
 
 
 # --- JSON documents: a list of records, or an object whose first list member holds them -------
@@ -223,6 +291,9 @@ class _JsonStream:
                 if self.eof or (e.msg == "Expecting value" and len(self.buf) - e.pos > 9):
                     raise DatasetError(f"{self.name} line {self.line(e.pos)}: invalid JSON "
                                        f"({e.msg})") from None
+            except ValueError as e:  # an integer of more digits than Python converts
+                raise DatasetError(f"{self.name} line {self.line()}: invalid JSON "
+                                   f"({_short(e)})") from None
             except RecursionError:
                 raise DatasetError(f"{self.name} line {self.line()}: JSON nested too "
                                    "deeply") from None

@@ -21,6 +21,8 @@ from pop_analysis.engine.adapter import DecoderAdapter, check_supported
 from pop_analysis.engine.embedded import (DEFAULT_MODEL, REGISTRY, EmbeddedModel, PackageMissing,
                                           gguf_file)
 from pop_analysis.engine.hub import unreachable_reason
+from pop_analysis.engine.weight_values import (checkpoint_files, integer_tensor,
+                                               model_tensors, nonfinite_tensor, quantized)
 from pop_analysis.engine.weights_check import weight_problems
 from pop_analysis.errors import first_line
 from pop_analysis.store.paths import cache_dir
@@ -240,6 +242,7 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
         check_supported(config)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
+    checked = check_dtypes(name, source, local)  # before the weights are read and cast
     try:
         # Shapes that differ are reported (below), not raised as a multi-line table.
         model, info = AutoModelForCausalLM.from_pretrained(
@@ -255,12 +258,44 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     if wrong:
         raise ModelLoadError(f"the weights in {source} are not this model's: {'; '.join(wrong)}"
                              f"{damaged_hint(name)}")
+    if not checked:
+        check_dtypes(name, source, local)  # a hub model's files are in its cache only now
+    bad = nonfinite_tensor(model_tensors(model))  # one reduction per tensor
+    if bad:
+        raise ModelLoadError(f"the weights in {source} are not numbers the model can use: "
+                             f"{bad}{damaged_hint(name)}")
     if device_map is None:
         model.to(device)
     model.eval()
     tokenizer = load_tokenizer(source, local, trust_remote_code)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, adapter=DecoderAdapter(model),
                        load_seconds=time.perf_counter() - t0)
+
+
+def weights_folder(source: str, local: bool) -> Path | None:
+    """The folder holding the weight files: the local directory, or a hub model's cached
+    snapshot (None before its first download)."""
+    if local and os.path.isdir(source):
+        return Path(source)
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(source, "config.json")
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def check_dtypes(name: str, source: str, local: bool) -> bool:
+    """Refuse integer tensors where the model has float parameters (headers only); False when
+    no weight file was found to check."""
+    folder = weights_folder(source, local)
+    files = checkpoint_files(folder) if folder is not None else []
+    try:
+        bad = integer_tensor(files, quantized(folder)) if files else None
+    except Exception:  # noqa: BLE001 - a damaged header: from_pretrained says what is wrong
+        return False
+    if bad:
+        raise ModelLoadError(f"the weights in {source} are not numbers the model can use: "
+                             f"{bad}{damaged_hint(name)}")
+    return bool(files)
 
 
 def damaged_hint(name: str) -> str:

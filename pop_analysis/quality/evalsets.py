@@ -2,17 +2,20 @@
 retrieval task, built-in prompts or a hub data set, as tokenised `EvalSet`s."""
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
+from pop_analysis.data.hub_data import hub_records
 from pop_analysis.data.readers import DatasetError, json_records, jsonl_records, txt_records
 from pop_analysis.engine.generate import encode
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import check_text
-from pop_analysis.errors import first_line
+from pop_analysis.engine.hub import unreachable_reason
+from pop_analysis.errors import first_line, listed
 from pop_analysis.quality.answers import gsm8k_gold
 from pop_analysis.quality.items import EvalDataError, EvalItem, EvalSet, fingerprint
-from pop_analysis.quality.retrieval import RetrievalConfig, retrieval_items
+from pop_analysis.quality.retrieval import RETRIEVAL_ITEMS, RetrievalConfig, retrieval_items
 from pop_analysis.store.paths import shared_data_dir
 
 NAMED = {"gsm8k": "gsm8k_test.jsonl", "gsm8k_train": "gsm8k_train.jsonl",
@@ -83,20 +86,34 @@ def load_eval_set(lm: LoadedModel, source: str, limit: int | None = None, raw: b
     """An evaluation set from a name (gsm8k, wizardlm, selfinstruct, retrieval[:LENGTH],
     builtin), a local .jsonl/.json/.txt file, or hf:NAME[:split] (needs the network).
 
-    A `limit` beyond the set's size takes the whole set and says so in `EvalSet.note`.
+    A `limit` beyond the set's size is refused with one line saying how many items it holds.
     """
     if limit is not None and limit < 1:
         raise EvalDataError(f"the sample count must be positive, got {limit}")
-    if source == "retrieval" or source.startswith("retrieval:"):
+    if is_retrieval(source):
         length = _retrieval_length(source)
         items = retrieval_items(lm, RetrievalConfig(n_items=limit or 8, length=length, seed=seed))
         return EvalSet(source, fingerprint(items), tuple(items), "retrieval")
+    records = records_of(source, limit)
+    enough(source, len(records), limit)
+    items = records_to_items(lm, records[:limit] if limit else records, source, raw)
+    kind = "gsm8k" if any(it.answer is not None for it in items) else "prompts"
+    return EvalSet(source, fingerprint(items), tuple(items), kind)
+
+
+def is_retrieval(source: str) -> bool:
+    return source == "retrieval" or source.startswith("retrieval:")
+
+
+def records_of(source: str, limit: int | None = None) -> list[dict]:
+    """The first `limit` records of a named set, a file, the built-in prompts or a hub set (no
+    model needed); an empty set is refused."""
     if source == "builtin":
         from pop_analysis.data.prompts import load_prompts
 
         records = [{"prompt": p} for p in load_prompts("builtin").prompts]
     elif source.startswith("hf:"):
-        records = _hf_records(source)
+        records = _hf_records(source, limit)
     else:
         path = data_dir() / NAMED[source] if source in NAMED else Path(os.path.expanduser(source))
         if source not in NAMED and not path.suffix:
@@ -105,12 +122,25 @@ def load_eval_set(lm: LoadedModel, source: str, limit: int | None = None, raw: b
         records = read_records(path, limit)
     if not records:
         raise EvalDataError(f"data set {source!r} holds no records")
-    note = ""
-    if limit and limit > len(records):
-        note = f"{source} holds {len(records)} items, fewer than the {limit} asked for: using all {len(records)}"
-    items = records_to_items(lm, records[:limit] if limit else records, source, raw)
-    kind = "gsm8k" if any(it.answer is not None for it in items) else "prompts"
-    return EvalSet(source, fingerprint(items), tuple(items), kind, note)
+    return records
+
+
+def enough(source: str, have: int, asked: int | None, flag: str = "") -> None:
+    """Refuse a size beyond what the data holds (a silent clamp hides it, a huge one runs for
+    hours), saying how many items there are."""
+    if asked is not None and asked > have:
+        by = f" by {flag}" if flag else ""
+        raise EvalDataError(f"{source} holds {have} items, fewer than the {asked} asked for{by}; "
+                            f"ask for at most {have}")
+
+
+def check_size(source: str, n: int, flag: str = "--samples") -> None:
+    """Before any model loads: refuse `n` items where the data set holds fewer (the synthetic
+    retrieval task: its distinct needles). A hub set is counted as it is read."""
+    if is_retrieval(source):
+        enough("the retrieval task", RETRIEVAL_ITEMS, n, flag)
+    elif not source.startswith("hf:"):
+        enough(source, len(records_of(source, n)), n, flag)
 
 
 def _retrieval_length(source: str) -> int:
@@ -121,16 +151,30 @@ def _retrieval_length(source: str) -> int:
         raise EvalDataError(f"retrieval length must be a whole number of tokens, got {text!r}") from None
 
 
-def _hf_records(source: str) -> list[dict]:
-    name, _, split = source[3:].partition(":")
+def _hf_records(source: str, limit: int | None) -> list[dict]:
+    """The first `limit` rows of a hub split (default test; GSM8K's config main), read from the
+    hub's Parquet export by the bounded reader: the prompt and reference columns only."""
+    reason = unreachable_reason()
+    if reason is not None:
+        raise EvalDataError(f"cannot load {source} from the hub: it is out of reach ({reason})")
+    name = source[3:].split(":")[0]
+    records = hub_records(source, _eval_columns, "test", "main" if name.endswith("gsm8k") else None)
     try:
-        import datasets
-
-        ds = datasets.load_dataset(name, "main" if name.endswith("gsm8k") else None,
-                                   split=split or "test")
+        return [rec for _, rec in itertools.islice(records, limit)]
+    except DatasetError as e:
+        raise EvalDataError(str(e)) from None
     except Exception as e:  # noqa: BLE001 - offline or unknown: one line
         raise EvalDataError(f"cannot load {source} from the hub: {first_line(e)}") from None
-    return [dict(r) for r in ds]
+    finally:
+        records.close()
+
+
+def _eval_columns(names) -> list[str]:
+    cols = [n for n in names if n in PROMPT_FIELDS + REFERENCE_FIELDS]
+    if not any(n in PROMPT_FIELDS for n in cols):
+        raise DatasetError(f"no prompt column (one of {', '.join(PROMPT_FIELDS)}) among "
+                           f"{listed(names)}")
+    return cols
 
 
 def gsm8k_prompt(question: str, shots=()) -> str:
@@ -154,9 +198,9 @@ def gsm8k_fewshot_set(lm: LoadedModel, n: int, n_shot: int = 0, source: str = "g
     generation is cut where the model starts another 'Question:'."""
     path = data_dir() / NAMED[source] if source in NAMED else Path(source)
     recs = read_records(path, n)
+    enough(source, len(recs), n)
     shots = gsm8k_shots(n_shot)
     items = [EvalItem(tuple(encode(lm, gsm8k_prompt(r["question"], shots), raw)), (),
                       gsm8k_gold(r["answer"]), r["question"], {"stop_text": "\n\nQuestion:"})
              for r in recs[:n]]
-    note = f"{source} holds {len(recs)} items, fewer than the {n} asked for" if n > len(recs) else ""
-    return EvalSet(f"{source} {n_shot}-shot", fingerprint(items), tuple(items), "gsm8k", note)
+    return EvalSet(f"{source} {n_shot}-shot", fingerprint(items), tuple(items), "gsm8k")

@@ -47,6 +47,12 @@ INSTRUCTION = "Notes (some give pass codes):\n\n"
 ASK_FIRST = "Find the pass code for the {key} in these notes (some give pass codes):\n\n"
 
 
+# Distinct needles the task draws from: a key (colour, object) and a 4-digit code. More items
+# than this repeat needles: the "data" is this big, and a larger count is refused (it would also
+# run for days).
+RETRIEVAL_ITEMS = len(COLOURS) * len(OBJECTS) * 9000
+
+
 class RetrievalError(ValueError):
     """An impossible retrieval configuration."""
 
@@ -102,6 +108,9 @@ def retrieval_items(lm: LoadedModel, cfg: RetrievalConfig = RetrievalConfig()) -
         raise RetrievalError(f"model {lm.name} has no tokenizer: the retrieval task is text")
     if cfg.n_items < 1 or not cfg.depths or cfg.distractors < 0:
         raise RetrievalError("retrieval needs n_items >= 1, a needle depth and distractors >= 0")
+    if cfg.n_items > RETRIEVAL_ITEMS:  # before any text is built
+        raise RetrievalError(f"the retrieval task holds {RETRIEVAL_ITEMS} items (distinct "
+                             f"needles), fewer than the {cfg.n_items} asked for")
     if any(not 0.0 <= d <= 1.0 for d in cfg.depths):
         raise RetrievalError(f"needle depths must lie in [0, 1], got {cfg.depths}")
     limit = lm.adapter.shape.max_positions

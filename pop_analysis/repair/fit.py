@@ -116,6 +116,19 @@ def check_tokens(n_tokens: int, hidden: int) -> None:
 
 # --- calibration data ---------------------------------------------------------------------------
 
+def check_data(cfg: RepairConfig) -> None:
+    """Before any model loads: the calibration data holds cfg.n_samples items (one line saying
+    how many it holds, if not)."""
+    if cfg.answers:
+        from pop_analysis.quality.evalsets import check_size
+
+        check_size(cfg.data, cfg.n_samples)
+    else:
+        from pop_analysis.data.prompts import load_prompts
+
+        load_prompts(cfg.data, field=cfg.field, limit=cfg.n_samples)
+
+
 def calibration(lm, cfg: RepairConfig) -> Calibration:
     """Token sequences of the calibration set: prompts through the chat template (as evaluation
     feeds them), followed by the reference answer when `cfg.answers`."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from pop_analysis.engine.pop import RepairError
+from pop_analysis.engine.weight_values import nonfinite_tensor
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
 from pop_analysis.repair.fit import (Repair, RepairConfig, calibration, check_block, fit_repair,
@@ -96,13 +97,19 @@ def load(key: str) -> Repair:
 
 def _check_tensors(rep: Repair) -> None:
     """The maps a stored repair must hold: per skipped layer a (out, D) weight and (out,) bias
-    for K and for V, finite."""
+    for K and for V, of a float type (half precision is upcast), finite."""
     want = {f"{i}.{n}.{p}" for i in rep.skip for n in "kv" for p in ("weight", "bias")}
     if set(rep.tensors) != want:
         raise ValueError(f"its maps do not cover skip set {describe(rep.skip)}")
     for name, t in rep.tensors.items():
-        if t.dim() != (2 if name.endswith("weight") else 1) or not torch.isfinite(t).all():
+        if t.dim() != (2 if name.endswith("weight") else 1):
             raise ValueError(f"map {name} is malformed")
+        if not t.is_floating_point():
+            raise ValueError(f"map {name} is stored as {str(t.dtype).removeprefix('torch.')}, "
+                             "not a float type")
+    bad = nonfinite_tensor(sorted(rep.tensors.items()))
+    if bad:
+        raise ValueError(bad.replace("tensor", "map", 1))
 
 
 def entries(lm=None, skip=None) -> list[dict]:

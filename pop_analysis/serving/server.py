@@ -40,6 +40,7 @@ from pop_vllm import settings
 HOST = "127.0.0.1"
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 START_TIMEOUT_S = 600.0  # a cold start on 2 shared cores took 28 s; compiled mode takes longer
+MAX_START_TIMEOUT_S = 86400.0  # the longest wait for a start accepted (a day)
 POLL_S = 0.5  # readiness polls (each one is a wait on the engine's exit, so a crash ends it)
 STOP_TIMEOUT_S = 20.0
 SWITCH = "pop_set"  # the plugin's worker method behind the run-time switch (pop_vllm/control.py)
@@ -206,6 +207,15 @@ class Engine:
     def start(self, progress=None, timeout_s: float = START_TIMEOUT_S) -> "Engine":
         """Launch and wait until /health answers. progress(done, total, message) follows the
         log's milestones. One-line ServingError when it cannot start."""
+        if not 0 < timeout_s <= MAX_START_TIMEOUT_S:  # a NaN never compares greater: no end
+            raise ServingError(f"the start timeout must be a number of seconds in (0, "
+                               f"{MAX_START_TIMEOUT_S:.0f}], got {timeout_s}")
+        from pop_analysis.engine.weight_values import folder_problem  # torch: imported late
+
+        bad = folder_problem(self.spec.model_dir)  # vLLM would cast and serve them as they are
+        if bad:
+            raise ServingError(f"the weights in {self.spec.model_dir} are not numbers the model "
+                               f"can use: {bad}; the engine was not started")
         python = str(venv.python())
         port = self.spec.port or free_port()
         if not port_free(port):

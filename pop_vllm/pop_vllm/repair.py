@@ -23,13 +23,14 @@ def expected_shapes(skip, hidden: int, kv_dim: int) -> dict:
 
 def check_maps(path: str, skip, hidden: int, kv_dim: int) -> None:
     """One-line PopSettingsError unless the file's tensors cover exactly `skip` with this model's
-    shapes (reads the header only)."""
+    shapes, stored as floats (reads the header only)."""
     from safetensors import safe_open
 
     want = expected_shapes(skip, hidden, kv_dim)
     try:
         with safe_open(path, "pt") as f:
             have = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+            types = {name: f.get_slice(name).get_dtype() for name in f.keys()}  # "F32", "I8"
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: one line
         text = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PopSettingsError(f"repair maps file {path:.200} is unreadable ({text[:200]})") from None
@@ -38,6 +39,10 @@ def check_maps(path: str, skip, hidden: int, kv_dim: int) -> None:
         raise PopSettingsError(f"repair maps file {path:.200} holds maps for layers {layers or 'none'}"
                                f" ({len(have)} tensors), not exactly skip set {list(skip)} (4 "
                                "tensors per layer: k/v weight and bias)")
+    ints = sorted(n for n, kind in types.items() if not kind.startswith(("F", "BF")))
+    if ints:  # the cast to the engine's dtype would make them garbage; half precision is fine
+        raise PopSettingsError(f"repair maps file {path:.200}: map {ints[0]} is stored as "
+                               f"{types[ints[0]]}, not a float type")
     bad = [f"{n} {list(have[n])} (want {list(s)})" for n, s in want.items() if have[n] != s]
     if bad:
         raise PopSettingsError(f"repair maps file {path:.200} does not fit this model (hidden {hidden}"

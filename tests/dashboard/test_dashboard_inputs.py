@@ -188,3 +188,32 @@ def test_check_model_passes_the_registry_hub_ids_and_allowed_folders(outside_mod
     for bad in (str(model), str(nothing), "/etc", "../../etc", "~/.ssh"):
         with pytest.raises(PathNotAllowed, match=REFUSED):
             check_model(bad)
+
+
+def number_boxes():
+    """A page's number boxes as the dashboard draws them: keys through state.kept."""
+    import streamlit as st
+
+    from dashboard.session import state
+
+    c = st.columns(2)
+    n = c[0].number_input("Samples", 1, 1000, key=state.kept("t.n", 8))
+    t = c[1].slider("Temperature", 0.05, 2.0, key=state.kept("t.temp", 0.7))
+    st.write(f"samples {int(n)}, temperature {t:.2f}")
+
+
+@pytest.mark.parametrize("key, bad", [("t.n", float("nan")), ("t.n", float("inf")),
+                                      ("t.temp", float("nan")), ("t.temp", -float("inf")),
+                                      ("t.n", "12")])
+def test_a_number_box_holding_no_finite_number_is_reset_with_one_line(key, bad):
+    """A value that reached a box's state (another page's copy, a session restored) but is no
+    finite number: one error line under the boxes, the default back, the page keeps working."""
+    at = AppTest.from_function(number_boxes)
+    at.session_state[key] = bad
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [e.value for e in at.error] == [f"{bad!r} is not a finite number: reset to "
+                                           f"{8 if key == 't.n' else 0.7}."]
+    assert texts(at.markdown) == "samples 8, temperature 0.70"
+    at.number_input[0].set_value(12).run()  # and the page goes on
+    assert not at.error and texts(at.markdown) == "samples 12, temperature 0.70"

@@ -95,7 +95,7 @@ def test_report_lengths_beyond_the_context_are_refused_before_any_part_runs(embe
     for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):  # the command sets them process-wide
         monkeypatch.setenv(name, "1")  # monkeypatch puts back what was there before
     monkeypatch.setattr(report_cmd, "collect", lambda *a, **k: pytest.fail("a part ran"))
-    for flags in (["--lengths", "512,40000000"], ["--retrieval-length", "40000000"]):
+    for flags in (["--lengths", "512,40000"], ["--retrieval-length", "40000"]):
         assert cli.main(["report", *flags, "--out", str(tmp_path / "r.md")]) == 1
         assert "exceeds the model's context of 8192 tokens" in last_error_line(capsys)
 
@@ -150,3 +150,19 @@ def test_latin1_text_source_names_the_file(embedded, tmp_path, capsys, monkeypat
     assert main(["drift", "--prompt", "Hello there, how are you?", "--lengths", "16",
                  "--text-source", str(path), "--decode-steps", "1", "--no-cache"]) == 1
     assert "latin1.txt line 1: not UTF-8 text" in one_error_line(capsys)
+
+
+def test_a_timeout_that_never_ends_is_one_line_from_the_real_entry_point():
+    """The CLI process itself (argparse's exit through __main__): one line, exit code 2. The
+    property over every numeric option runs in process: tests/unit/test_cli_numeric_options.py."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-m", "pop_analysis", "serve", "--start-timeout", "inf"],
+                         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.splitlines() == [
+        "error: argument --start-timeout: must be a finite number of seconds in (0, 86400], got "
+        "'inf' (see python -m pop_analysis serve --help)"]

@@ -160,7 +160,7 @@ def test_cli_json_schema_and_csv(model_dir, cache, tmp_path, capsys):
     (["--ratios", "0,abc"], "--ratios"),
     (["--ratios", "0.5", "--dataset", "missing.jsonl"], "not found"),
     (["--kind", "adaptive"], "--calibration"),
-    (["--lengths", "0"], "positive"),
+    (["--lengths", "0"], "--lengths needs integers >= 1"),
 ])
 def test_cli_errors_are_one_line(model_dir, cache, capsys, argv, message):
     code = cli.main(["sweep", "--model", str(model_dir), "--device", "cpu", *argv])
@@ -219,16 +219,21 @@ def test_retrieval_rows_carry_the_full_models_score(lm):
         assert row["retrieval_acc_delta_p"] is not None
 
 
-def test_cli_notes_too_few_and_too_many_items(model_dir, cache, tmp_path, capsys):
+def test_cli_refuses_too_many_items_and_notes_too_few(model_dir, cache, tmp_path, capsys):
     data = tmp_path / "three.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Count to {i}"}) + "\n" for i in range(3)))
     out_csv = tmp_path / "rows.csv"
+    flags = ["--ratios", "0,0.5", "--max-new-tokens", "2", "--repeats", "1", "--bench-tokens", "16",
+             "--json", "--csv", str(out_csv)]
     code = cli.main(["sweep", "--model", str(model_dir), "--device", "cpu", "--dataset", str(data),
-                     "--samples", "50", "--ratios", "0,0.5", "--max-new-tokens", "2", "--repeats",
-                     "1", "--bench-tokens", "16", "--json", "--csv", str(out_csv)])
+                     "--samples", "50", *flags])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 1 and err == [f"error: {data} holds 3 items, fewer than the 50 asked for by "
+                                 "--samples; ask for at most 3"], err
+    code = cli.main(["sweep", "--model", str(model_dir), "--device", "cpu", "--dataset", str(data),
+                     "--samples", "3", *flags])
     captured = capsys.readouterr()
     assert code == 0
-    assert "note: " in captured.err and "holds 3 items, fewer than the 50 asked for" in captured.err
     out = json.loads(captured.out.strip().splitlines()[-1])
     assert [r["n"] for r in out["rows"]] == [3, 3]
     for row in out["rows"]:

@@ -129,21 +129,7 @@ def test_hf_source_offline_is_one_clear_error(monkeypatch):
         load_prompts("hf:no-such-owner/no-such-set:test", limit=3)
 
 
-def test_hf_source_streams_first_rows(monkeypatch):
-    """The hub path without a network: load_dataset replaced by an endless stream of rows."""
-    import datasets
-
-    calls = []
-
-    def fake_load(name, config=None, split=None, streaming=False):
-        calls.append((name, config, split, streaming))
-        return ({"question": f"q{i}", "answer": "a"} for i in range(10 ** 9))
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.setattr("pop_analysis.data.prompts.unreachable_reason", lambda: None)  # "online"
-    s = load_prompts("hf:openai/gsm8k:main:test", limit=3)
-    assert s.prompts == ("q0", "q1", "q2") and s.name == "hf:openai/gsm8k:main:test"
-    assert load_prompts("hf:owner/set", limit=2).name == "hf:owner/set:train"
-    assert calls == [("openai/gsm8k", "main", "test", True), ("owner/set", None, "train", True)]
+def test_hf_source_names_are_parsed_before_any_request():
+    """Reading a hub data set (its Parquet export) is tested in test_data_bombs.py."""
     with pytest.raises(DatasetError, match="expected hf:NAME"):
         load_prompts("hf:a:b:c:d")

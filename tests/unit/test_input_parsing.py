@@ -148,16 +148,17 @@ def test_sampling_config_accepts_the_edges():
 
 
 @pytest.mark.parametrize("flags, why", [
-    (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
-    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
-    (["--top-p", "nan"], "top_p must be a number in (0, 1]"),
+    (["--max-new-tokens", "0"], "--max-new-tokens: must be a whole number in 1..16777216, got '0'"),
+    (["--temperature", "-1"], "--temperature: must be a finite number in [0, 100], got '-1'"),
+    (["--top-p", "nan"], "--top-p: must be a finite number in (0, 1], got 'nan'"),
 ])
 def test_cli_sampling_flags_fail_before_the_model_loads(flags, why, capsys, monkeypatch):
     import pop_analysis.commands.generate as command
 
     monkeypatch.setattr(command, "load", lambda args: pytest.fail("the model was loaded"))
-    assert main(["generate", "--prompt", "hi", *flags]) == 1
-    assert why in one_error_line(capsys)
+    with pytest.raises(SystemExit) as e:  # refused while the flags are parsed
+        main(["generate", "--prompt", "hi", *flags])
+    assert e.value.code == 2 and why in one_error_line(capsys)
 
 
 @pytest.mark.parametrize("text, why", [(",", "holds no numbers"), (" , ,", "holds no numbers"),

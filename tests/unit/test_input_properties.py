@@ -132,12 +132,13 @@ def load_file(folder: Path, suffix: str, content: bytes, limit):
 LIMIT = st.none() | st.integers(1, 4)
 
 
-@settings(max_examples=150 * SCALE)
+@settings(max_examples=150 * SCALE, deadline=None)  # the first Parquet example imports pyarrow
 @given(content=st.binary(max_size=300), suffix=st.sampled_from(SUFFIXES), limit=LIMIT)
 def test_random_bytes_as_a_data_file(folder, content, suffix, limit):
     load_file(folder, suffix, content, limit)
 
 
+@settings(deadline=None)  # a busy machine's first example took 435 ms
 @given(doc=JSON | st.lists(st.dictionaries(st.sampled_from(["prompt", "question", "messages",
                                                             "x"]), JSON, max_size=3), max_size=4),
        limit=LIMIT, field=st.none() | st.sampled_from(["prompt", "x"]))
@@ -246,14 +247,14 @@ USE = {"calibration": use_calibration, "drift": use_drift, "sweep": use_sweep}
 KINDS = st.sampled_from(["calibration", "drift", "sweep"])
 
 
-@settings(max_examples=80 * SCALE)
+@settings(max_examples=80 * SCALE, deadline=None)
 @given(kind=KINDS, payload=JSON)
 def test_random_json_in_place_of_a_record(records, kind, payload):
     write_entry(kind, payload)
     assert load_and_use(kind, records[kind][0]) is None or isinstance(payload, dict)
 
 
-@settings(max_examples=40 * SCALE)
+@settings(max_examples=40 * SCALE, deadline=None)
 @given(kind=KINDS, content=st.binary(max_size=200) | JSON.map(lambda v: json.dumps(v).encode()))
 def test_random_bytes_in_place_of_an_entry_file(records, kind, content):
     path = store.results_dir(kind) / f"{KEY}.json"
@@ -263,7 +264,7 @@ def test_random_bytes_in_place_of_an_entry_file(records, kind, content):
     store.entries(kind)  # the listing skips it without raising
 
 
-@settings(max_examples=200 * SCALE)
+@settings(max_examples=200 * SCALE, deadline=None)  # 0.9 s on a busy machine
 @given(kind=KINDS, data=st.data())
 def test_one_field_replaced_by_random_json(records, kind, data):
     cls, valid = records[kind]

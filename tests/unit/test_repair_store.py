@@ -110,3 +110,32 @@ def test_maps_of_an_absurd_scale_are_refused(tmp_store, random_data):
     save_file(tensors, str(path))
     with pytest.raises(RepairError, match=r"map 5\.k .* times the layer's own projection"):
         repair_store.attach(lm, repair_store.load(rep.key))
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda t: t.to(torch.int8), r"map 5\.k\.weight is stored as int8, not a float type"),
+    (lambda t: t.index_fill(0, torch.tensor([0]), float("nan")),
+     r"map 5\.k\.weight holds \d+ values? that (is|are) not finite"),
+])
+def test_maps_that_are_not_numbers_are_refused(tmp_store, random_data, edit, why):
+    from safetensors.torch import load_file, save_file
+
+    lm = tiny_model("llama")
+    rep, _ = repair_store.fit_and_store(lm, SKIP, RepairConfig(data="random"))
+    path = maps_file(tmp_store, rep.key)
+    tensors = {k: edit(v) if k == "5.k.weight" else v for k, v in load_file(path).items()}
+    save_file(tensors, str(path))
+    with pytest.raises(RepairError, match=why) as e:
+        repair_store.load(rep.key)
+    assert "\n" not in str(e.value)
+
+
+def test_half_precision_maps_load_upcast(tmp_store, random_data):
+    from safetensors.torch import load_file, save_file
+
+    lm = tiny_model("llama")
+    rep, _ = repair_store.fit_and_store(lm, SKIP, RepairConfig(data="random"))
+    path = maps_file(tmp_store, rep.key)
+    save_file({k: v.to(torch.bfloat16) for k, v in load_file(path).items()}, str(path))
+    repair_store.attach(lm, repair_store.load(rep.key))
+    assert lm.adapter.kv_maps[SKIP].maps

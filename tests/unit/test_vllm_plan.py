@@ -190,6 +190,20 @@ def test_repair_maps_must_cover_the_skip_set_with_the_model_shapes(tmp_path):
         check_maps(str(tmp_path / "bad.safetensors"), (3, 4), 16, 8)
 
 
+def test_repair_maps_stored_as_integers_are_refused_from_the_header(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    maps = {f"{i}.{n}.{p}": torch.zeros((8, 16) if p == "weight" else (8,))
+            for i in (3, 4) for n in "kv" for p in ("weight", "bias")}
+    path = str(tmp_path / "m.safetensors")
+    save_file({**maps, "4.v.weight": maps["4.v.weight"].to(torch.int8)}, path)
+    with pytest.raises(PopSettingsError, match=r"map 4\.v\.weight is stored as I8, not a float"):
+        check_maps(path, (3, 4), hidden=16, kv_dim=8)
+    save_file({k: v.to(torch.float16) for k, v in maps.items()}, path)
+    check_maps(path, (3, 4), hidden=16, kv_dim=8)  # half precision: upcast by the engine
+
+
 def test_recomputed_counts_only_generated_tokens_scheduled_again():
     def facts(prompt, computed, scheduled, known):
         return StepFacts(np.array(prompt), np.array(computed), np.array(scheduled), [],

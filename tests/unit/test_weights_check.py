@@ -1,9 +1,10 @@
-"""Weights that are not the model's are refused with one line naming the tensor: missing, unexpected, reshaped; a complete checkpoint loads its own weights."""
+"""Weights that are not the model's are refused with one line naming the tensor: missing, unexpected, reshaped, integer types where the model has floats, values that are not finite; a complete checkpoint loads its own weights, half precision upcast."""
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from pop_analysis.engine.models import ModelLoadError, load_model
 
@@ -59,3 +60,143 @@ def test_tied_embeddings_omitted_from_the_checkpoint_load(tmp_path):
     assert "lm_head.weight" not in load_file(folder / "model.safetensors")
     lm = load_model(str(folder), device="cpu")
     assert lm.model.lm_head.weight.data_ptr() == lm.model.model.embed_tokens.weight.data_ptr()
+
+
+# ---- values: float types and finite numbers (issue 30) -------------------------------------
+
+UP = "model.layers.2.mlp.up_proj.weight"
+
+
+def set_value(name: str, value: float, at=(0, 0)):
+    def edit(t):
+        t[name][at] = value
+    return edit
+
+
+def test_a_nan_weight_is_refused_naming_the_tensor(tmp_path):
+    text = refusal(saved(tmp_path, set_value(UP, float("nan"))))
+    assert "not numbers the model can use" in text and UP in text, text
+    assert "1 value that is not finite" in text, text
+
+
+def test_an_infinite_weight_is_refused_naming_the_tensor(tmp_path):
+    def two_infinities(t):
+        t["model.norm.weight"][3] = float("inf")
+        t["model.norm.weight"][5] = -float("inf")
+    text = refusal(saved(tmp_path, two_infinities))
+    assert "model.norm.weight holds 2 values that are not finite" in text, text
+
+
+def test_float_tensors_saved_as_int8_are_refused_before_loading(tmp_path, monkeypatch):
+    import transformers
+
+    def to_int8(t):
+        t[UP] = (t[UP] * 100).to(torch.int8)
+    folder = saved(tmp_path, to_int8)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the weights were read"))
+    text = refusal(folder)
+    assert f"tensor {UP} is stored as int8, an integer type" in text, text
+
+
+def test_an_integer_tensor_in_the_second_shard_is_named(tmp_path):
+    from safetensors.torch import save_file as save
+
+    folder = saved(tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    names = sorted(tensors)
+    half = {"a.safetensors": names[:len(names) // 2], "b.safetensors": names[len(names) // 2:]}
+    tensors[names[-1]] = tensors[names[-1]].to(torch.int32)
+    for shard, keys in half.items():
+        save({k: tensors[k] for k in keys}, folder / shard, metadata={"format": "pt"})
+    (folder / "model.safetensors").unlink()
+    index = {"metadata": {}, "weight_map": {k: s for s, keys in half.items() for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert f"tensor {names[-1]} is stored as int32" in refusal(folder)
+
+
+def test_a_pickled_checkpoint_with_an_integer_tensor_is_refused(tmp_path):
+    folder = saved(tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    tensors[UP] = tensors[UP].to(torch.int16)
+    torch.save(tensors, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    assert f"tensor {UP} is stored as int16" in refusal(folder)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_checkpoints_load_upcast(tmp_path, dtype):
+    def to_half(t):
+        for k in t:
+            t[k] = t[k].to(dtype)
+    folder = saved(tmp_path, to_half)
+    want = load_file(folder / "model.safetensors")
+    lm = load_model(str(folder), device="cpu")
+    assert lm.dtype == torch.float32
+    got = lm.model.state_dict()
+    assert all(torch.equal(got[k], v.float()) for k, v in want.items())
+
+
+def test_weights_that_overflow_half_precision_are_refused_when_loaded_in_it(tmp_path):
+    folder = saved(tmp_path, set_value(UP, 1e6))  # finite in float32, inf in float16
+    load_model(str(folder), device="cpu")  # float32: loads
+    with pytest.raises(ModelLoadError, match=f"{UP} holds 1 value that is not finite .* in "
+                                             "float16"):
+        load_model(str(folder), device="cpu", dtype="float16")
+
+
+def test_the_finite_check_is_exact_where_a_sum_overflows():
+    from pop_analysis.engine.weight_values import finite, nonfinite_tensor
+
+    big = torch.full((4,), 3e38)  # every value finite, their sum is not
+    assert torch.isinf(big.sum()) and finite(big)
+    assert finite(torch.tensor([1e4] * 100, dtype=torch.float16))  # sum beyond float16's range
+    assert not finite(torch.tensor([1.0, float("nan")]))
+    assert nonfinite_tensor([("a", big), ("b", torch.tensor([-float("inf")]))]).startswith(
+        "tensor b holds 1 value")
+
+
+def test_a_quantized_checkpoint_keeps_its_integer_tensors(tmp_path):
+    from pop_analysis.engine.weight_values import integer_tensor, quantized
+
+    folder = saved(tmp_path, lambda t: t.update({UP: t[UP].to(torch.int8)}))
+    assert integer_tensor([folder / "model.safetensors"]) is not None
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 8}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert quantized(folder)
+    assert integer_tensor([folder / "model.safetensors"], quantized(folder)) is None
+
+
+@pytest.mark.parametrize("edit, why", [
+    (set_value(UP, float("nan")), f"tensor {UP} holds 1 value that is not finite"),
+    (lambda t: t.update({UP: t[UP].to(torch.uint8)}), f"tensor {UP} is stored as uint8"),
+])
+def test_the_serving_engine_never_starts_on_such_a_folder(tmp_path, monkeypatch, edit, why):
+    import subprocess
+
+    from pop_analysis.serving.server import Engine, EngineSpec
+    from pop_analysis.serving.venv import ServingError
+
+    folder = saved(tmp_path, edit)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("an engine started"))
+    with pytest.raises(ServingError) as e:
+        Engine(EngineSpec(model_dir=str(folder), name="bad")).start()
+    assert why in str(e.value) and "the engine was not started" in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_serving_check_reads_a_folder_again_only_when_its_files_change(tmp_path):
+    import os
+
+    from pop_analysis.engine.weight_values import _folder_problem, folder_problem
+
+    folder = saved(tmp_path)
+    assert folder_problem(folder) is None
+    hits = _folder_problem.cache_info().hits
+    assert folder_problem(folder) is None and _folder_problem.cache_info().hits == hits + 1
+    tensors = load_file(folder / "model.safetensors")
+    tensors[UP][1, 1] = float("nan")
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    os.utime(folder / "model.safetensors", ns=(1, 1))  # a new version, whatever the clock says
+    assert UP in folder_problem(folder)
