@@ -1,14 +1,17 @@
 """The Generate page's logit-lens section: where POP's answer departs from the full model's."""
+from __future__ import annotations
+
 import streamlit as st
 
 from dashboard.charts import generate as lens_charts
 from dashboard.panels import presenter, widgets
 from dashboard.panels.generate_stream import token_pieces
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.errors import first_line
 from pop_analysis.inspection import lens
 
 
-def explain(lm, res: dict, name: str, first: int | None, figures: dict) -> None:
+def explain(lm: LoadedModel, res: dict, name: str, first: int | None, figures: dict) -> None:
     """The lens button, then the commitment strip and the top-5 candidates at the first divergence."""
     full, other, n = res["full"], res["other"], lm.adapter.n_layers
     st.subheader("Where the answers part: the logit lens")

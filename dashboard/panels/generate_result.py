@@ -9,6 +9,7 @@ from dashboard.charts import layers as layer_charts
 from dashboard.panels import exports, generate_lens, generate_speed, presenter, widgets
 from dashboard.panels.generate_stream import agreement, output_html, repeats, token_pieces
 from dashboard.session import classmode, state
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.errors import first_line
 
 # What the paper reports at 8B (POP_METHOD.md §7): accuracy within a few points of the full model.
@@ -16,7 +17,7 @@ PAPER_NOTE = ("The paper reports POP within 1-3 accuracy points of the full mode
               "models (Llama-3.1-8B GSM8K 79.7 → 77.3).")
 
 
-def show(lm, res: dict, now: dict, out: dict) -> None:
+def show(lm: LoadedModel, res: dict, now: dict, out: dict) -> None:
     """Draw a kept generation of the loaded model (`out`: the two output slots)."""
     if res.get("model", lm.name) != lm.name:  # never drawn through another model's tokenizer
         st.info(f"The last generation was made with {res['model']}; load it to see it again.")
@@ -54,7 +55,7 @@ def show(lm, res: dict, now: dict, out: dict) -> None:
                   rows=tokens, figures=figures)
 
 
-def departures(lm, full: dict, other: dict, share: float, first, name: str) -> None:
+def departures(lm: LoadedModel, full: dict, other: dict, share: float, first, name: str) -> None:
     """Token agreement and one decode speed, each with where this model departs from the paper."""
     m = st.columns(2)
     rates = [r["decode_tok_s"] for r in (full, other) if r["decode_tok_s"]]

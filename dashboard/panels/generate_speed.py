@@ -12,6 +12,7 @@ import streamlit as st
 import torch
 
 from dashboard.session.resources import model_lock
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.speed.bench import PrefillSpeed, time_prefill
 from pop_analysis.speed.timing import TimingConfig
 
@@ -19,7 +20,7 @@ from pop_analysis.speed.timing import TimingConfig
 PAGE_TIMING = TimingConfig(min_rounds=3, budget_s=2.0, warmup=0)
 
 
-def measure(lm, spec_key: tuple, prompt_ids: list[int], variant: str, skip,
+def measure(lm: LoadedModel, spec_key: tuple, prompt_ids: list[int], variant: str, skip,
             where=None) -> PrefillSpeed:
     """The protocol on `prompt_ids`, with a progress note in `where` (removed when done)."""
     lock = model_lock(*spec_key)

@@ -5,10 +5,12 @@ and returns plain dicts (timings, ids, per-layer call counts).
 """
 from __future__ import annotations
 
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.inspection.side_by_side import run_variant
 
 
-def stream_variant(lm, prompt_ids: list[int], variant: str, skip, cfg, on_token=None) -> dict:
+def stream_variant(lm: LoadedModel, prompt_ids: list[int], variant: str, skip, cfg,
+                   on_token=None) -> dict:
     """Generate with call counting on; `on_token(ids_so_far)` after each token. Returns a dict
     (pop_analysis.inspection.side_by_side.run_variant, which the stored examples use too)."""
     return run_variant(lm, prompt_ids, variant, skip, cfg, on_token)

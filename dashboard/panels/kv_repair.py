@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -19,6 +20,9 @@ from pop_analysis.errors import first_line
 from pop_analysis.repair import store as repair_store
 from pop_analysis.repair.fit import RepairConfig, check_block
 
+if TYPE_CHECKING:
+    from pop_analysis.engine.models import LoadedModel
+
 LABEL = "POP + K/V repair (fitted maps; beyond the paper)"
 SHORT = "POP + repair"
 DATA = {"builtin": ("built-in prompts", RepairConfig()),
@@ -26,7 +30,7 @@ DATA = {"builtin": ("built-in prompts", RepairConfig()),
                         RepairConfig(data="gsm8k_train", n_samples=96, answers=True))}
 
 
-def stored_key(lm, skip) -> str | None:
+def stored_key(lm: LoadedModel, skip) -> str | None:
     """The newest stored repair for this model and skip set (None: pop_repair not offered)."""
     if not skip:
         return None
@@ -35,7 +39,7 @@ def stored_key(lm, skip) -> str | None:
     return found[0]["key"] if found else None
 
 
-def use_stored(lm, skip) -> str:
+def use_stored(lm: LoadedModel, skip) -> str:
     """Attach the newest stored repair for `skip` (before a pop_repair run); its key."""
     key = stored_key(lm, skip)
     if key is None:
@@ -44,7 +48,7 @@ def use_stored(lm, skip) -> str:
     return repair_store.ensure(lm, skip, key).key
 
 
-def _fit(lm, block, cfg: RepairConfig) -> None:
+def _fit(lm: LoadedModel, block, cfg: RepairConfig) -> None:
     """Fit (or reuse) a repair with a progress bar; the outcome in one line where the user acted."""
     what = f"Repair of layers {describe(block)}"
     bar = st.progress(0.0, text=f"{what}: starting ...")
@@ -77,7 +81,7 @@ def _fit(lm, block, cfg: RepairConfig) -> None:
                    "offer pop_repair for this skip set.")
 
 
-def skip_set_panel(lm, skip) -> None:
+def skip_set_panel(lm: LoadedModel, skip) -> None:
     """Fit a repair for the shared skip set (with progress) and list the stored ones."""
     st.subheader("K/V repair (beyond the paper)")
     st.caption("Under POP each skipped layer projects its prompt K/V from the hidden state that "
@@ -124,7 +128,7 @@ def _row(r: dict, skip) -> dict:
             "key": r["key"]}
 
 
-def sweep_option(lm, kind: str) -> dict:
+def sweep_option(lm: LoadedModel, kind: str) -> dict:
     """A checkbox adding pop_repair rows to a ratio or ablation sweep, enabled where stored
     repairs exist for the sweep's skip sets; the SweepConfig fields it sets ({} when off)."""
     from pop_analysis.engine.skipset import last_block, preset

@@ -7,6 +7,7 @@ import streamlit as st
 from dashboard.charts import methods as charts
 from dashboard.panels.methods_scores import _use, titles
 from dashboard.session import jobs, state
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.errors import first_line
 from pop_analysis.experiments import methods_compare as mc
 from pop_analysis.importance.picks import BUDGETS, SHAPES
@@ -15,7 +16,7 @@ from pop_analysis.progress import duration
 JOB = "method_compare"
 
 
-def form(lm, res) -> None:
+def form(lm: LoadedModel, res) -> None:
     with st.expander("Compare the methods' skip sets", expanded=jobs.running(JOB)
                      or st.session_state.get(state.METHOD_COMPARE) is None):
         c = st.columns(5)
@@ -48,7 +49,7 @@ def form(lm, res) -> None:
         jobs.panel(JOB)
 
 
-def show(lm, res) -> dict:
+def show(lm: LoadedModel, res) -> dict:
     """Verdicts, frontiers and the "use this set" picker of the last comparison; its figures."""
     cmp = st.session_state.get(state.METHOD_COMPARE)
     if cmp is None:

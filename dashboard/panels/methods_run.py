@@ -8,6 +8,7 @@ import streamlit as st
 from dashboard.panels import widgets
 from dashboard.session import cached, jobs, state
 from pop_analysis.data.prompts import DatasetError
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.errors import first_line
 from pop_analysis.experiments import methods_run as mr
 from pop_analysis.importance.methods import METHODS
@@ -16,7 +17,7 @@ from pop_analysis.progress import duration
 JOB = "importance"
 
 
-def form(lm) -> None:
+def form(lm: LoadedModel) -> None:
     """Methods to run, prompts, sizes; the run goes to a background job (cancellable)."""
     with st.container(border=True):
         picked = widgets.dataset_picker("imp")
@@ -39,7 +40,7 @@ def form(lm) -> None:
         jobs.panel(JOB)
 
 
-def _start(lm, picked, methods, n, tokens, raw, use_cache, now) -> None:
+def _start(lm: LoadedModel, picked, methods, n, tokens, raw, use_cache, now) -> None:
     source, field, label = picked
     try:
         cfg = mr.ImportanceConfig(methods=tuple(m for m in METHODS if m in methods), n_samples=n,
@@ -68,7 +69,7 @@ def label(entry: dict) -> str:
     return f"{p.get('model', '?')} · {p.get('dataset', '?')} · {p.get('n_samples', '?')} prompts · {methods} · {when}"
 
 
-def stored(lm) -> None:
+def stored(lm: LoadedModel) -> None:
     """Reload a stored run of this model (the CLI's `importance` fills the same store)."""
     entries = [e for e in cached.stored_entries(mr.KIND)
                if (e.get("params") or {}).get("model") == lm.name]

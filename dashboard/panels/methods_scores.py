@@ -2,6 +2,8 @@
 agreement and angular-distance heatmaps, a method's set for any k, and the downloads."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import streamlit as st
 
 from dashboard.charts import methods as charts
@@ -11,6 +13,9 @@ from pop_analysis.engine.skipset import SkipSetError, describe
 from pop_analysis.importance.methods import METHODS, method_of, primary
 from pop_analysis.importance.picks import SHAPES, BudgetError, pick
 from pop_analysis.speed.flops import ideal_speedup
+
+if TYPE_CHECKING:
+    from pop_analysis.engine.models import LoadedModel
 
 
 def titles(res) -> dict:
@@ -29,7 +34,7 @@ def teaching(res) -> None:
                    + "; ".join(f"{part}: {text}" for part, text in res.tokens.items()) + ".")
 
 
-def show(lm, res) -> dict:
+def show(lm: LoadedModel, res) -> dict:
     """The result's charts; returns them by name for the downloads."""
     n = lm.adapter.n_layers
     names = titles(res)
@@ -56,7 +61,7 @@ def show(lm, res) -> dict:
     return figs
 
 
-def use_ranking(lm, res, names) -> None:
+def use_ranking(lm: LoadedModel, res, names) -> None:
     """Any method's k lowest layers (or its best block) as the shared skip set."""
     n = lm.adapter.n_layers
     st.markdown("**A method's skip set for any k**")

@@ -10,6 +10,7 @@ import streamlit as st
 
 from dashboard.panels import kv_repair
 from dashboard.session import jobs, state
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.errors import first_line
 from pop_analysis.progress import Tracker, duration
 from pop_analysis.serving import venv
@@ -79,12 +80,13 @@ VARIANT_LABELS = {Variant.POP: "POP, switched to full and back at run time",
                   Variant.FULL: "full only (A/A noise check)"}
 
 
-def variants(lm, skip) -> tuple[str, ...]:
+def variants(lm: LoadedModel, skip) -> tuple[str, ...]:
     """What the POP engine can serve: pop_repair only where a stored repair fits the skip set."""
     return ("pop", "pop_repair", "full") if kv_repair.stored_key(lm, skip) else ("pop", "full")
 
 
-def start_engines(model: str, skip, variant: str, lm=None, eager: bool = True) -> None:
+def start_engines(model: str, skip, variant: str, lm: LoadedModel | None = None,
+                  eager: bool = True) -> None:
     """Start the engines; pop_repair serves the newest stored repair for `skip` (needs `lm`);
     eager=False lets vLLM compile (the plugin compiles POP's block too: docs/serving.md)."""
     stop()

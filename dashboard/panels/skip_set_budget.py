@@ -8,6 +8,7 @@ from dashboard.charts import methods as charts
 from dashboard.panels import exports
 from dashboard.panels.methods_scores import _use
 from dashboard.session import cached, jobs, state
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
 from pop_analysis.experiments import choose as ch
@@ -19,7 +20,7 @@ from pop_analysis.progress import duration
 JOB = "choose"
 
 
-def section(lm) -> None:
+def section(lm: LoadedModel) -> None:
     n = lm.adapter.n_layers
     st.subheader("Largest set within a quality budget")
     st.caption("Bisection over k along a method's ranking, then a greedy refinement; each candidate "
@@ -54,7 +55,7 @@ def section(lm) -> None:
     show(lm, n)
 
 
-def _start(lm, budget, cfg, rcfg) -> None:
+def _start(lm: LoadedModel, budget, cfg, rcfg) -> None:
     """The Methods page's run when it holds this method for this model, else a stored or new
     run on the built-in prompts, walked by the search in a background job."""
     held = st.session_state.get(state.IMPORTANCE)
@@ -76,7 +77,7 @@ def _start(lm, budget, cfg, rcfg) -> None:
                                                   f"{duration(r.seconds)}"), context=now)
 
 
-def show(lm, n: int) -> None:
+def show(lm: LoadedModel, n: int) -> None:
     res = st.session_state.get(state.CHOICE)
     if res is None:
         return

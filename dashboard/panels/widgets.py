@@ -5,6 +5,7 @@ import hashlib
 import html
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -21,6 +22,9 @@ from dashboard.session.resources import (
 from pop_analysis.data.allowed_paths import check_model
 from pop_analysis.engine.embedded import REGISTRY
 from pop_analysis.store.paths import cache_dir
+
+if TYPE_CHECKING:
+    from pop_analysis.engine.models import LoadedModel
 
 # radio label -> a registry name (an embedded model) or "hub" / "local"
 SOURCES = {label: key for key, label in SOURCE_KEYS.items()}
@@ -110,7 +114,7 @@ def current_model(say_why: bool = True):
         return None
 
 
-def model_panel(lm) -> None:
+def model_panel(lm: LoadedModel) -> None:
     """Facts about the loaded model, memory in use, and the unload button."""
     side = st.sidebar
     if lm is None:
@@ -154,7 +158,7 @@ def model_or_stop():
     return lm
 
 
-def raw_box(where, lm, key: str) -> bool:
+def raw_box(where, lm: LoadedModel, key: str) -> bool:
     """The "Raw (no chat template)" box; ticked and fixed for a model without a chat template
     (a base model such as Gemma-3-270M), whose prompts always go in as written."""
     if getattr(lm.tokenizer, "chat_template", None):
@@ -187,7 +191,7 @@ def _on_skip_box(n: int) -> None:
         st.session_state[SKIP_ERROR] = str(e)
 
 
-def skip_badge(lm, where=None) -> None:
+def skip_badge(lm: LoadedModel, where=None) -> None:
     """The current skip set, always visible and editable: layers, share, ideal speedup, a
     mini strip, and a box that takes '20-29', '3,5,7' or 'none'."""
     from dashboard.session.links import skip_text

@@ -18,6 +18,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
 from pop_analysis.experiments.methods_compare import eval_items, importance_params, set_quality
@@ -117,7 +118,7 @@ class ChoiceResult(Record):
 class _Search:
     """The measured candidates and the batched evaluation of new ones."""
 
-    def __init__(self, lm, items, budget: Budget, cfg: ChooseConfig, tracker: Tracker):
+    def __init__(self, lm: LoadedModel, items, budget: Budget, cfg: ChooseConfig, tracker: Tracker):
         self.lm, self.items, self.budget, self.cfg, self.tracker = lm, items, budget, cfg, tracker
         self.tried: dict[str, dict] = {}
 
@@ -202,8 +203,8 @@ def _next_sets(scores, best, shape: str) -> list[tuple[int, ...]]:
     return [b for b in blocks if b != tuple(lowest_block(scores, k))] or blocks
 
 
-def choose(lm, ranking, budget: Budget, cfg: ChooseConfig = ChooseConfig(), progress=None,
-           importance: str = "", evalset=None) -> ChoiceResult:
+def choose(lm: LoadedModel, ranking, budget: Budget, cfg: ChooseConfig = ChooseConfig(),
+           progress=None, importance: str = "", evalset=None) -> ChoiceResult:
     """The largest set of `ranking`'s order (scores per layer, larger = more important) that
     meets `budget` on held-out items (cfg.dataset, or the EvalSet given; see the module doc)."""
     t0 = time.perf_counter()
@@ -224,7 +225,7 @@ def choose(lm, ranking, budget: Budget, cfg: ChooseConfig = ChooseConfig(), prog
     return _result(lm, search, head, best, t0, cfg, timed=cfg.speed)
 
 
-def _result(lm, search: _Search, head: dict, best, t0: float, cfg: ChooseConfig,
+def _result(lm: LoadedModel, search: _Search, head: dict, best, t0: float, cfg: ChooseConfig,
             timed: bool) -> ChoiceResult:
     cands = list(search.tried.values())
     met_sets = [c for c in cands if c["meets"]]
@@ -269,7 +270,7 @@ def _ci(c: dict, key: str) -> str:
     return f"{v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{v:.3f}"
 
 
-def cached_choice(lm, importance, budget: Budget, cfg: ChooseConfig = ChooseConfig(),
+def cached_choice(lm: LoadedModel, importance, budget: Budget, cfg: ChooseConfig = ChooseConfig(),
                   use_cache=True, progress=None, notice=None) -> tuple[ChoiceResult, bool]:
     """(result, was_hit) for a ranking from an importance run (methods_run.ImportanceResult)."""
     if cfg.method not in importance.methods:

@@ -17,6 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
 from pop_analysis.experiments.methods_store import check_comparison
@@ -106,7 +107,7 @@ def plan_sets(importance, cfg: CompareConfig) -> list[dict]:
     return out
 
 
-def eval_items(lm, cfg, evalset=None):
+def eval_items(lm: LoadedModel, cfg, evalset=None):
     """The held-out items (cfg.dataset, or the EvalSet given) after cfg.offset, at most
     cfg.n_samples, references cut to cfg.answer_tokens."""
     evalset = evalset or load_eval_set(lm, cfg.dataset, cfg.offset + cfg.n_samples)
@@ -120,8 +121,8 @@ def eval_items(lm, cfg, evalset=None):
     return evalset, items
 
 
-def compare_methods(lm, importance, cfg: CompareConfig = CompareConfig(), progress=None,
-                    evalset=None) -> ComparisonResult:
+def compare_methods(lm: LoadedModel, importance, cfg: CompareConfig = CompareConfig(),
+                    progress=None, evalset=None) -> ComparisonResult:
     """Quality and speed of every method's set for every budget and shape (see the module doc)."""
     t0 = time.perf_counter()
     if importance.n_layers != lm.adapter.n_layers:
@@ -167,14 +168,14 @@ def set_quality(s, full) -> dict:
             "next_token_kl": kl.value, "next_token_kl_ci": list(kl.ci)}
 
 
-def _retrieval(lm, cfg: CompareConfig, variants) -> dict | None:
+def _retrieval(lm: LoadedModel, cfg: CompareConfig, variants) -> dict | None:
     if not cfg.retrieval_n:
         return None
     ret = load_eval_set(lm, f"retrieval:{cfg.retrieval_length}", cfg.retrieval_n)
     return evaluate_variants(lm, ret.items, variants, 8, generate=True)
 
 
-def _speed(lm, skip, cfg: CompareConfig, tracker: Tracker) -> dict:
+def _speed(lm: LoadedModel, skip, cfg: CompareConfig, tracker: Tracker) -> dict:
     timing = TimingConfig(min_rounds=cfg.repeats, budget_s=cfg.timing_budget_s)
     out = speed_fields(lm, "pop", skip, cfg.bench_tokens, timing,
                        lambda: tracker.step(0, f"timing layers {describe(skip)}"))
@@ -182,7 +183,7 @@ def _speed(lm, skip, cfg: CompareConfig, tracker: Tracker) -> dict:
     return out
 
 
-def _row(lm, p: dict, quality: dict, speeds, n: int, cfg: CompareConfig) -> dict:
+def _row(lm: LoadedModel, p: dict, quality: dict, speeds, n: int, cfg: CompareConfig) -> dict:
     label = describe(p["skip"])
     row = {"method": p["method"], "budget": p["budget"], "shape": p["shape"], "k": p["k"],
            "skip_layers": list(p["skip"]), "set": label, "n": n,
@@ -268,8 +269,8 @@ def importance_params(importance) -> dict:
             "series": {m: importance.series[primary(m)] for m in importance.methods}}
 
 
-def cached_comparison(lm, importance, cfg: CompareConfig = CompareConfig(), use_cache=True,
-                      progress=None, notice=None, compute_missing=True):
+def cached_comparison(lm: LoadedModel, importance, cfg: CompareConfig = CompareConfig(),
+                      use_cache=True, progress=None, notice=None, compute_missing=True):
     """(result, was_hit): the stored comparison for this model, ranking and config, or computed
     and stored; with compute_missing=False a miss gives (None, False)."""
     params = {"model": lm.name, "card": lm.card(), "importance": importance_params(importance),

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pop_analysis.engine.generate import encode
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import check_prompt
 from pop_analysis.experiments.methods_store import check_part, check_result
 from pop_analysis.importance.calibrate import (CalibrationConfig, cached_calibration,
@@ -86,8 +87,9 @@ def parts_for(methods) -> list[str]:
     return [p for p, ms in PARTS.items() if any(m in methods for m in ms)]
 
 
-def run_importance(lm, prompt_ids: list[list[int]], cfg: ImportanceConfig = ImportanceConfig(),
-                   progress=None, dataset: str = "token ids", fingerprint: str = "",
+def run_importance(lm: LoadedModel, prompt_ids: list[list[int]],
+                   cfg: ImportanceConfig = ImportanceConfig(), progress=None,
+                   dataset: str = "token ids", fingerprint: str = "",
                    gate=None, cached=None) -> ImportanceResult:
     """Every method of cfg on the first cfg.n_samples prompts (token ids).
 
@@ -143,7 +145,7 @@ def _gate_samples(gate) -> tuple[dict, bool]:
     return out, hit
 
 
-def _hook_samples(lm, prompt_ids, progress) -> dict:
+def _hook_samples(lm: LoadedModel, prompt_ids, progress) -> dict:
     tracker = Tracker(len(prompt_ids), progress, "forward with hooks")
     got = forward_metrics(lm, prompt_ids, tick=lambda k: tracker.step(k, "forward with hooks"))
     tri = got.pop("triangle").numpy()  # (n, L, L)
@@ -154,7 +156,7 @@ def _hook_samples(lm, prompt_ids, progress) -> dict:
     return out
 
 
-def drop_one(lm, prompt_ids, new_tokens: int, progress=None) -> dict:
+def drop_one(lm: LoadedModel, prompt_ids, new_tokens: int, progress=None) -> dict:
     """Per prompt and layer: the NLL increase and KL(full ‖ pruned) of the full model's greedy
     continuation when that layer alone is skipped POP-style for the prompt, (n, L) each."""
     L = lm.adapter.n_layers
@@ -169,7 +171,8 @@ def drop_one(lm, prompt_ids, new_tokens: int, progress=None) -> dict:
     return {"dropone.nll": nll - full[:, None], "dropone.kl": kl}  # (n, L) each
 
 
-def _assemble(lm, cfg, prompt_ids, samples, seconds, stored, tokens, dataset, fp) -> ImportanceResult:
+def _assemble(lm: LoadedModel, cfg, prompt_ids, samples, seconds, stored, tokens, dataset,
+              fp) -> ImportanceResult:
     L = lm.adapter.n_layers
     tri = samples.pop("triangle", None)
     means = {}
@@ -193,14 +196,14 @@ def _assemble(lm, cfg, prompt_ids, samples, seconds, stored, tokens, dataset, fp
 
 # --- results store ---------------------------------------------------------------------------
 
-def _params(lm, prompts, cfg: ImportanceConfig, **extra) -> dict:
+def _params(lm: LoadedModel, prompts, cfg: ImportanceConfig, **extra) -> dict:
     return {"model": lm.name, "card": lm.card(), "dataset": prompts.name,
             "fingerprint": used_fingerprint(prompts, _cal_config(cfg)),
             "n_samples": min(cfg.n_samples, len(prompts.prompts)), "raw": cfg.raw, **extra}
 
 
-def cached_importance(lm, prompts, cfg: ImportanceConfig = ImportanceConfig(), use_cache=True,
-                      progress=None, notice=None, compute_missing=True):
+def cached_importance(lm: LoadedModel, prompts, cfg: ImportanceConfig = ImportanceConfig(),
+                      use_cache=True, progress=None, notice=None, compute_missing=True):
     """(result, was_hit) for a PromptSet: the stored run, else computed from stored parts where
     they exist (each part stored as it finishes) and stored; with compute_missing=False a miss
     gives (None, False)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pop_analysis.data.prompts import load_prompts
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.experiments.methods_compare import CompareConfig, cached_comparison
 from pop_analysis.experiments.methods_run import ImportanceConfig, cached_importance
 from pop_analysis.importance.methods import METHODS, primary
@@ -37,7 +38,7 @@ class MethodsReportConfig:
                              answer_tokens=self.answer_tokens, random_seeds=self.random_seeds)
 
 
-def methods_part(lm, cfg: MethodsReportConfig, compute: bool, use_cache: bool = True,
+def methods_part(lm: LoadedModel, cfg: MethodsReportConfig, compute: bool, use_cache: bool = True,
                  progress=None) -> dict | None:
     """{"importance": ..., "comparison": ... or None} as plain dicts, from the store (computed
     when `compute`); None when no importance run is stored or computed."""

@@ -112,7 +112,8 @@ def timing_config(cfg: SweepConfig):
         raise SweepError(str(e)) from None
 
 
-def _row(lm, kind, name, engine, skip, quality: dict, cfg, tracker, length) -> SweepRow:
+def _row(lm: LoadedModel, kind, name, engine, skip, quality: dict, cfg, tracker,
+         length) -> SweepRow:
     """One variant's quality fields (`row_quality`; {} without items) and its measured speedup at
     `length` tokens."""
     n_layers = lm.adapter.n_layers
@@ -130,7 +131,7 @@ def _row(lm, kind, name, engine, skip, quality: dict, cfg, tracker, length) -> S
         **{k: q.pop(k) for k in list(q) if k in declared}, intervals=q)
 
 
-def _prepare(lm, cfg, evalset, runs, progress, message):
+def _prepare(lm: LoadedModel, cfg, evalset, runs, progress, message):
     """(evalset, scores, tracker) for `runs`, a list of (engine, skip) rows."""
     timing_config(cfg)  # bad timing settings fail before any evaluation
     evalset = evalset or load_eval_set(lm, cfg.dataset, cfg.n_samples, seed=cfg.seed)
@@ -145,14 +146,14 @@ def _prepare(lm, cfg, evalset, runs, progress, message):
 
 
 @contextlib.contextmanager
-def _kept(lm, kind, cfg, t0, evalset=None):
+def _kept(lm: LoadedModel, kind, cfg, t0, evalset=None):
     """The rows list of a sweep; a cancellation carries a result of the rows finished (or None)."""
     rows: list = []
     with keeping(lambda: _result(lm, kind, rows, cfg, t0, evalset) if rows else None):
         yield rows
 
 
-def _result(lm, kind, rows, cfg, t0, evalset=None) -> SweepResult:
+def _result(lm: LoadedModel, kind, rows, cfg, t0, evalset=None) -> SweepResult:
     import torch
 
     data = f"{evalset.name}:{evalset.fingerprint[:12]}" if evalset else "retrieval (synthetic)"
@@ -195,7 +196,7 @@ def repair_skips(n_layers: int, kind: str, cfg: SweepConfig) -> list[tuple[int, 
     return []
 
 
-def prepare_repairs(lm, kind: str, cfg: SweepConfig, progress=None) -> dict:
+def prepare_repairs(lm: LoadedModel, kind: str, cfg: SweepConfig, progress=None) -> dict:
     """Before a sweep runs: load (or fit and store) the repair of each skip set its pop_repair
     rows use, as {skip set: Repair}. The sweep itself only attaches what it is given."""
     skips = repair_skips(lm.adapter.n_layers, kind, cfg)
@@ -204,7 +205,7 @@ def prepare_repairs(lm, kind: str, cfg: SweepConfig, progress=None) -> dict:
     return {describe(s): ensure(lm, s, cfg.repair, progress) for s in skips}
 
 
-def attach_repairs(lm, kind: str, cfg: SweepConfig, repairs: dict | None) -> dict:
+def attach_repairs(lm: LoadedModel, kind: str, cfg: SweepConfig, repairs: dict | None) -> dict:
     """Attach the planned repairs (prepared first when the caller gave none): {skip set: key}."""
     repairs = prepare_repairs(lm, kind, cfg) if repairs is None else repairs
     for skip in repair_skips(lm.adapter.n_layers, kind, cfg):
@@ -261,7 +262,7 @@ def length_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=Non
     return _result(lm, "length", rows, cfg, t0)
 
 
-def _retrieval_or_none(lm, cfg, n) -> list:
+def _retrieval_or_none(lm: LoadedModel, cfg, n) -> list:
     try:
         return retrieval_items(lm, RetrievalConfig(cfg.n_samples, n, seed=cfg.seed))
     except RetrievalError:

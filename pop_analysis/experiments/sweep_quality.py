@@ -3,6 +3,7 @@
 full model (quality.py)."""
 from __future__ import annotations
 
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
 from pop_analysis.quality.items import EvalSet
 from pop_analysis.quality.summary import metric_fields
@@ -31,7 +32,8 @@ def run_key(engine: str, skip) -> str:
     return FULL.name if engine == "full" or not skip else f"{engine}:{','.join(map(str, skip))}"
 
 
-def evaluate_runs(lm, items, runs, new_tokens, tracker, kind, greedy: bool = True) -> dict | None:
+def evaluate_runs(lm: LoadedModel, items, runs, new_tokens, tracker, kind,
+                  greedy: bool = True) -> dict | None:
     """Every (engine, skip) of `runs` over `items` in one batched pass; None without items."""
     if not items:
         return None

@@ -20,6 +20,7 @@ from scipy.stats import spearmanr
 
 from pop_analysis.data.prompts import PromptSet, fingerprint
 from pop_analysis.engine.generate import check_sampling, encode
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import check_prompt
 from pop_analysis.importance.batch_plan import (DEFAULT_ROWS, available_bytes, plan_batches,
     rows_that_fit)
@@ -108,7 +109,7 @@ def pack(prompts: list[list[int]], responses: list[list[int]], device=None) -> B
     return Batch(ids.to(device), mask.to(device), stage_map(plens, lens, width), plens, lens)
 
 
-def response_losses(lm, batch: Batch) -> torch.Tensor:
+def response_losses(lm: LoadedModel, batch: Batch) -> torch.Tensor:
     """Summed cross-entropy of each sample's response tokens under the current hooks: (B,)."""
     adapter = lm.adapter
     h = adapter.forward_padded(batch.ids, batch.mask)  # (B, T, D)
@@ -122,7 +123,7 @@ def response_losses(lm, batch: Batch) -> torch.Tensor:
     return out.index_add(0, rows.to(ce.device), ce)  # (B,)
 
 
-def gate_gradients(lm, batch: Batch, influence: bool = True, tick=None) -> dict:
+def gate_gradients(lm: LoadedModel, batch: Batch, influence: bool = True, tick=None) -> dict:
     """One forward + one backward: dL/dg per sample, layer and stage, plus block influence.
 
     Returns {"prefill": (B, L), "decode": (B, L), "loss": (B,), and when influence is on
@@ -195,8 +196,8 @@ def sample_seed(seed: int, index: int) -> int:
     return (seed * 1_000_003 + index) % (2 ** 63)
 
 
-def sample_responses(lm, prompts: list[list[int]], seeds: list[int], cfg: CalibrationConfig,
-                     on_step=None) -> list[list[int]]:
+def sample_responses(lm: LoadedModel, prompts: list[list[int]], seeds: list[int],
+                     cfg: CalibrationConfig, on_step=None) -> list[list[int]]:
     """Sample one response per prompt from the full model, as a left-padded batch with a cache.
 
     Row b draws with its own generator (seeds[b]) through generate.pick, so a row's tokens are those
@@ -206,14 +207,14 @@ def sample_responses(lm, prompts: list[list[int]], seeds: list[int], cfg: Calibr
     return sample_and_gradients(lm, prompts, seeds, cfg, on_step=on_step)[0]
 
 
-def encode_prompts(lm, prompts: PromptSet, cfg: CalibrationConfig) -> list[list[int]]:
+def encode_prompts(lm: LoadedModel, prompts: PromptSet, cfg: CalibrationConfig) -> list[list[int]]:
     if lm.tokenizer is None:
         raise ValueError(f"model {lm.name} has no tokenizer: calibrate it from token ids "
                          "(calibrate_ids)")
     return [encode(lm, text, raw=cfg.raw) for text in prompts.prompts[:cfg.n_samples]]
 
 
-def calibrate(lm, prompts: PromptSet, cfg: CalibrationConfig = CalibrationConfig(),
+def calibrate(lm: LoadedModel, prompts: PromptSet, cfg: CalibrationConfig = CalibrationConfig(),
               progress=None) -> CalibrationResult:
     """Stage-aware importance of every layer over the first cfg.n_samples prompts of a set."""
     t0 = time.perf_counter()
@@ -259,7 +260,7 @@ def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = Cali
     return _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_loo, seconds)
 
 
-def _taylor_pass(lm, prompt_ids, batches: list[list[int]], cfg: CalibrationConfig,
+def _taylor_pass(lm: LoadedModel, prompt_ids, batches: list[list[int]], cfg: CalibrationConfig,
                  tracker: Tracker):
     """Batches of similar prompt length: sampling and gradients in one pass each (fisher.py)."""
     n, L = len(prompt_ids), lm.adapter.n_layers
@@ -293,7 +294,7 @@ def _taylor_pass(lm, prompt_ids, batches: list[list[int]], cfg: CalibrationConfi
     return responses, grads
 
 
-def _batches(lm, prompt_ids, cfg: CalibrationConfig) -> list[list[int]]:
+def _batches(lm: LoadedModel, prompt_ids, cfg: CalibrationConfig) -> list[list[int]]:
     """cfg.batch_size rows per batch, fewer where the CPU's memory would not hold the graph."""
     rows = cfg.batch_size
     if lm.adapter.device.type == "cpu":
@@ -354,7 +355,7 @@ def spearman(a: list[float], b: list[float]) -> float | None:
 
 # --- results store ---------------------------------------------------------------------------
 
-def cache_params(lm, prompts: PromptSet, cfg: CalibrationConfig) -> dict:
+def cache_params(lm: LoadedModel, prompts: PromptSet, cfg: CalibrationConfig) -> dict:
     """What determines a result: model, data, configuration (batch size only changes speed)."""
     card = lm.card()
     conf = dataclasses.asdict(cfg)
@@ -365,9 +366,9 @@ def cache_params(lm, prompts: PromptSet, cfg: CalibrationConfig) -> dict:
             "seed": cfg.seed, "config": conf}
 
 
-def cached_calibration(lm, prompts: PromptSet, cfg: CalibrationConfig = CalibrationConfig(),
-                       use_cache: bool = True, progress=None,
-                       notice=None) -> tuple[CalibrationResult, bool]:
+def cached_calibration(lm: LoadedModel, prompts: PromptSet,
+                       cfg: CalibrationConfig = CalibrationConfig(), use_cache: bool = True,
+                       progress=None, notice=None) -> tuple[CalibrationResult, bool]:
     """(result, was_cache_hit); a miss (or an invalid entry) computes and stores the result.
     notice(line) hears about an ignored entry or a cache that cannot be written."""
     params = cache_params(lm, prompts, cfg)

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 import torch
 
 from pop_analysis.engine.generate import SamplingConfig, eos_ids, pick
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.importance.fewrows import few_rows
 from pop_analysis.importance.gates import (DECODE, NONE, PREFILL, StageGates, frozen_weights, gated,
     layer_ticks, maybe_block_influence, stage_means)
@@ -94,8 +95,8 @@ class _LossTerms:
 
 
 @torch.no_grad()
-def _decode(lm, cache, first: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, seeds,
-            cfg, terms: _LossTerms | None, on_step) -> list[list[int]]:
+def _decode(lm: LoadedModel, cache, first: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
+            seeds, cfg, terms: _LossTerms | None, on_step) -> list[list[int]]:
     """Sample from the boundary token on; `cache` holds the K/V of the positions before it."""
     adapter = lm.adapter
     dev = adapter.device
@@ -143,7 +144,7 @@ def _pick_rows(logits: torch.Tensor, live: list[int], scfg: SamplingConfig, gens
     return nxt
 
 
-def sample_and_gradients(lm, prompts: list[list[int]], seeds: list[int], cfg,
+def sample_and_gradients(lm: LoadedModel, prompts: list[list[int]], seeds: list[int], cfg,
                          gates: StageGates | None = None, influence: bool = False, tick=None,
                          on_step=None) -> tuple[list[list[int]], dict]:
     """Responses for a batch of prompts and, when `gates` are given, dL/dg into gates.*.grad.

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
 from pop_analysis.importance.batch_plan import plan_batches
 from pop_analysis.importance.gates import DECODE, NONE, PREFILL, stage_means
+
+if TYPE_CHECKING:
+    from pop_analysis.engine.models import LoadedModel
 
 ROWS = 16  # prompts per forward
 SERIES = ("bi.prefill", "bi.decode", "sublayer.attention", "sublayer.mlp", "sublayer.block",
@@ -128,7 +132,8 @@ def recording(adapter, rec: _Recorder):
 
 
 @torch.inference_mode()
-def forward_metrics(lm, prompt_ids: list[list[int]], rows: int = ROWS, tick=None) -> dict:
+def forward_metrics(lm: LoadedModel, prompt_ids: list[list[int]], rows: int = ROWS,
+                    tick=None) -> dict:
     """Per-sample, per-layer values of every series in SERIES, (n, L) float64 each, and the
     angular triangle (n, L, L), in prompt order. tick(done) hears each finished batch."""
     if not prompt_ids or min(len(p) for p in prompt_ids) < 1:

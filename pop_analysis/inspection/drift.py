@@ -20,6 +20,7 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from pop_analysis.progress import Tracker
 from pop_analysis.store import results as store
 from pop_analysis.store.records import check
 from pop_analysis.store.schema import Record
+
+if TYPE_CHECKING:
+    from pop_analysis.engine.models import LoadedModel
 
 KIND = "drift"  # store kind of single-prompt results
 KIND_BY_LENGTH = "drift_by_length"  # store kind of drift-vs-length curves
@@ -247,7 +251,7 @@ def _compare(full: _Run, pop: _Run, cfg: DriftConfig) -> dict:
 
 # --- public API ------------------------------------------------------------------------------
 
-def drift(lm, prompt_ids: list[int], skip, cfg: DriftConfig = DriftConfig(),
+def drift(lm: LoadedModel, prompt_ids: list[int], skip, cfg: DriftConfig = DriftConfig(),
           progress=None, variant: str = "pop") -> DriftResult:
     """Full model vs POP (or `variant`, e.g. pop_repair) on one prompt; `progress` gets a
     Progress per prompt/decode step."""
@@ -256,7 +260,8 @@ def drift(lm, prompt_ids: list[int], skip, cfg: DriftConfig = DriftConfig(),
     return _drift(lm, prompt_ids, skip, cfg, lambda msg: tracker.step(1, msg), variant)
 
 
-def _drift(lm, prompt_ids, skip, cfg: DriftConfig, tick, variant: str = "pop") -> DriftResult:
+def _drift(lm: LoadedModel, prompt_ids, skip, cfg: DriftConfig, tick,
+           variant: str = "pop") -> DriftResult:
     t0 = time.perf_counter()
     adapter = lm.adapter
     skip = sorted(int(i) for i in skip)
@@ -287,7 +292,7 @@ def _check(adapter: DecoderAdapter, n: int, skip, cfg: DriftConfig) -> None:
     check_prompt(adapter, n, cfg.decode_steps)
 
 
-def _token_strings(lm, ids, positions) -> list[str] | None:
+def _token_strings(lm: LoadedModel, ids, positions) -> list[str] | None:
     if lm.tokenizer is None:
         return None
     return [lm.tokenizer.decode([ids[p]]) for p in positions]
@@ -336,14 +341,14 @@ def _mean(xs) -> float:
 
 # --- cache -----------------------------------------------------------------------------------
 
-def _model_params(lm) -> dict:
+def _model_params(lm: LoadedModel) -> dict:
     s = lm.adapter.shape
     return {"model": lm.name, "dtype": str(lm.dtype), "layers": s.n_layers, "hidden": s.hidden,
             "vocab": s.vocab}
 
 
-def cached_drift(lm, prompt_ids, skip, cfg: DriftConfig = DriftConfig(), use_cache: bool = True,
-                 progress=None, variant: str = "pop",
+def cached_drift(lm: LoadedModel, prompt_ids, skip, cfg: DriftConfig = DriftConfig(),
+                 use_cache: bool = True, progress=None, variant: str = "pop",
                  notice=None) -> tuple[DriftResult, bool]:
     """drift() through the results store; the bool says whether it was a cache hit.
     notice(line) hears about an ignored entry or a cache that cannot be written."""
@@ -358,7 +363,7 @@ def cached_drift(lm, prompt_ids, skip, cfg: DriftConfig = DriftConfig(), use_cac
     return DriftResult.from_dict(payload), hit
 
 
-def _variant_params(lm, variant: str, skip) -> dict:
+def _variant_params(lm: LoadedModel, variant: str, skip) -> dict:
     """Key parts of pop_repair: the repair in use (none for pop: earlier entries stay valid)."""
     if variant not in ("pop", "pop_repair"):
         raise DriftError(f"drift compares pop or pop_repair with the full model, not {variant!r}")

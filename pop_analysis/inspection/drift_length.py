@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pop_analysis.data.prompts import BUILTIN_NAME, jsonl_records, load_prompts
 from pop_analysis.data.readers import MAX_TEXT_CHARS, read_text
@@ -13,6 +14,9 @@ from pop_analysis.inspection.drift import (KIND_BY_LENGTH, DriftConfig, DriftErr
 from pop_analysis.progress import Cancelled, Tracker
 from pop_analysis.store import results as store
 from pop_analysis.store.records import check
+
+if TYPE_CHECKING:
+    from pop_analysis.engine.models import LoadedModel
 
 # Record fields whose text is joined into long prompts (GSM8K: question + answer).
 TEXT_FIELDS = ("text", "question", "answer", "instruction", "Instruction", "prompt", "input",
@@ -53,7 +57,8 @@ def _jsonl_texts(path: Path) -> list[str]:
     return texts
 
 
-def length_prompts(lm, lengths: list[int], texts: list[str]) -> tuple[list[list[int]], bool]:
+def length_prompts(lm: LoadedModel, lengths: list[int],
+                   texts: list[str]) -> tuple[list[list[int]], bool]:
     """Token prompts of exactly each length, cut from the texts joined in order (raw, no chat
     template). The bool says whether the texts had to be repeated to reach the longest length."""
     tok = lm.tokenizer
@@ -88,13 +93,13 @@ def _tokenize_prefix(tok, texts: list[str], n_tokens: int) -> list[int]:
         budget *= 2
 
 
-def drift_by_length(lm, lengths: list[int], skip, cfg: DriftConfig = DriftConfig(),
+def drift_by_length(lm: LoadedModel, lengths: list[int], skip, cfg: DriftConfig = DriftConfig(),
                     text_source: str | None = None, progress=None) -> list[dict]:
     """Block-mean drift for prompts of increasing length, one dict per length."""
     return _by_length(lm, lengths, skip, cfg, *read_texts(text_source), progress)
 
 
-def _by_length(lm, lengths, skip, cfg: DriftConfig, texts: list[str], name: str,
+def _by_length(lm: LoadedModel, lengths, skip, cfg: DriftConfig, texts: list[str], name: str,
                progress) -> list[dict]:
     for n in lengths:  # every length is checked before any prompt is built
         _check(lm.adapter, int(n), skip, cfg)
@@ -120,8 +125,9 @@ def _by_length(lm, lengths, skip, cfg: DriftConfig, texts: list[str], name: str,
     return rows
 
 
-def cached_drift_by_length(lm, lengths: list[int], skip, cfg: DriftConfig = DriftConfig(),
-                           text_source: str | None = None, use_cache: bool = True,
+def cached_drift_by_length(lm: LoadedModel, lengths: list[int], skip,
+                           cfg: DriftConfig = DriftConfig(), text_source: str | None = None,
+                           use_cache: bool = True,
                            progress=None, notice=None) -> tuple[list[dict], bool]:
     """drift_by_length() through the results store, keyed by the texts' fingerprint."""
     texts, name = read_texts(text_source)  # read once: for the key and for the run

@@ -13,11 +13,15 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
 from pop_analysis.engine.pop import check_prompt, decode_drop, run_prompt, teacher_force
+
+if TYPE_CHECKING:
+    from pop_analysis.engine.models import LoadedModel
 
 MAX_TOKENS = 64  # tokens traced at most: the lens runs lm_head once per layer and token
 
@@ -92,8 +96,8 @@ def layer_states(adapter: DecoderAdapter, prompt_ids: list[int], generated: list
 
 
 @torch.inference_mode()
-def trace(lm, prompt_ids: list[int], generated: list[int], variant: str = "full", skip=(),
-          k: int = 5, max_tokens: int = MAX_TOKENS) -> LensTrace:
+def trace(lm: LoadedModel, prompt_ids: list[int], generated: list[int], variant: str = "full",
+          skip=(), k: int = 5, max_tokens: int = MAX_TOKENS) -> LensTrace:
     """The lens of one variant over (the first `max_tokens` of) a generated sequence."""
     if not generated:
         raise ValueError("nothing generated to trace")
@@ -131,7 +135,7 @@ def commit_layer(is_top: torch.Tensor) -> int | None:
     return int(misses[-1, 0]) + 1 if len(misses) else 0
 
 
-def top_candidates(lm, trace_: LensTrace, step: int) -> list[tuple[str, float]]:
+def top_candidates(lm: LoadedModel, trace_: LensTrace, step: int) -> list[tuple[str, float]]:
     """The model's top-k next tokens at `step` as (text, probability) for display."""
     pairs = trace_.topk[step]
     tok = lm.tokenizer

@@ -11,6 +11,7 @@ import torch
 
 from pop_analysis.engine.counters import count_calls
 from pop_analysis.engine.generate import SamplingConfig, generate
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.speed.bench import time_prefill
 from pop_analysis.speed.timing import TimingConfig
 from pop_analysis.store import results as store
@@ -40,7 +41,7 @@ class GenerationResult(Record):
     speed: dict | None = None  # PrefillSpeed.to_dict(): TTFT full vs variant by the protocol
 
 
-def run_variant(lm, prompt_ids: list[int], variant: str, skip, cfg: SamplingConfig,
+def run_variant(lm: LoadedModel, prompt_ids: list[int], variant: str, skip, cfg: SamplingConfig,
                 on_token=None) -> dict:
     """One variant with call counting on; `on_token(ids_so_far)` after each token."""
     ids: list[int] = []
@@ -59,11 +60,11 @@ def run_variant(lm, prompt_ids: list[int], variant: str, skip, cfg: SamplingConf
             "counts": counts.as_dict()}
 
 
-def text_of(lm, ids: list[int]) -> str:
+def text_of(lm: LoadedModel, ids: list[int]) -> str:
     return lm.tokenizer.decode(ids, skip_special_tokens=True) if lm.tokenizer else ""
 
 
-def compare(lm, prompt: str, ids: list[int], variant: str, skip, cfg: SamplingConfig,
+def compare(lm: LoadedModel, prompt: str, ids: list[int], variant: str, skip, cfg: SamplingConfig,
             label: str, short: str, settings: dict, timing: TimingConfig = TIMING) -> GenerationResult:
     """Full model, then `variant`, on the same prompt ids; then the protocol on them."""
     full = run_variant(lm, ids, "full", (), cfg)
@@ -74,9 +75,9 @@ def compare(lm, prompt: str, ids: list[int], variant: str, skip, cfg: SamplingCo
                             text_of(lm, other["token_ids"]), speed.to_dict())
 
 
-def cached_generation(lm, prompt: str, ids: list[int], variant: str, skip, cfg: SamplingConfig,
-                      label: str, short: str, settings: dict, use_cache: bool = True,
-                      notice=None) -> tuple[GenerationResult, bool]:
+def cached_generation(lm: LoadedModel, prompt: str, ids: list[int], variant: str, skip,
+                      cfg: SamplingConfig, label: str, short: str, settings: dict,
+                      use_cache: bool = True, notice=None) -> tuple[GenerationResult, bool]:
     """compare() through the results store."""
     params = {"model": lm.name, "card": lm.card(), "prompt_ids": list(ids), "variant": variant,
               "skip": sorted(skip), "sampling": asdict(cfg)}

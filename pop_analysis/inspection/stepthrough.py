@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from pop_analysis.engine.counters import count_calls
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import PromptError, decode_step, run_prompt
 from pop_analysis.engine.skipset import validate
 from pop_analysis.inspection.step_frames import frames  # noqa: F401 - part of this module's API
@@ -70,7 +71,7 @@ class StepThrough(Record):
     seconds: float  # wall time of the whole recording
 
 
-def encode_short(lm, text: str) -> list[int]:
+def encode_short(lm: LoadedModel, text: str) -> list[int]:
     """The prompt as token ids, no chat template (a template's system turn alone is longer than
     the grid); refused with one line outside MIN_TOKENS..MAX_TOKENS."""
     if lm.tokenizer is None:
@@ -87,14 +88,14 @@ def encode_short(lm, text: str) -> list[int]:
     return list(ids)
 
 
-def pieces(lm, ids) -> list[str]:
+def pieces(lm: LoadedModel, ids) -> list[str]:
     """Each token as text (its id in brackets for a model without a tokenizer)."""
     if lm.tokenizer is None:
         return [f"[{int(i)}]" for i in ids]
     return [lm.tokenizer.decode([int(i)], skip_special_tokens=False) for i in ids]
 
 
-def _top(lm, logits: torch.Tensor, k: int) -> list[list]:
+def _top(lm: LoadedModel, logits: torch.Tensor, k: int) -> list[list]:
     """[[token id, text, probability] x k] of one position's logits (1, V)."""
     probs = torch.softmax(logits[0].float(), -1)  # (V,)
     p, idx = probs.topk(k)  # (k,), (k,)
@@ -103,7 +104,8 @@ def _top(lm, logits: torch.Tensor, k: int) -> list[list]:
 
 
 @torch.inference_mode()
-def trace(lm, ids: list[int], run: str, skip, cfg: StepConfig) -> tuple[list[dict], list[int]]:
+def trace(lm: LoadedModel, ids: list[int], run: str, skip,
+          cfg: StepConfig) -> tuple[list[dict], list[int]]:
     """One hooked run of `run` ("full" or "pop"): its steps (grid, calls, picked token, top-k)
     and, per layer, the positions its cache holds at the end."""
     adapter = lm.adapter
@@ -148,7 +150,8 @@ class _Marks:
 
 
 @torch.inference_mode()
-def _timed(lm, t: torch.Tensor, run: str, skip, decode_steps: int, clock) -> list[float]:
+def _timed(lm: LoadedModel, t: torch.Tensor, run: str, skip, decode_steps: int,
+           clock) -> list[float]:
     """Seconds of each step of one run without hooks: the prompt's stages, then decode steps."""
     adapter = lm.adapter
     marks = _Marks(clock)
@@ -165,7 +168,8 @@ def _timed(lm, t: torch.Tensor, run: str, skip, decode_steps: int, clock) -> lis
     return prompt + [b - a for a, b in zip(ends, ends[1:])]
 
 
-def time_steps(lm, ids: list[int], skip, cfg: StepConfig, tracker=None) -> tuple[dict, dict]:
+def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
+               tracker=None) -> tuple[dict, dict]:
     """({run: per step, seconds per round}, the protocol's verdict on the TTFTs)."""
     t = torch.tensor([ids], device=lm.adapter.device)  # (1, N)
     clock = device_clock(lm.device)
@@ -210,7 +214,7 @@ def step_flops(shape, step: dict, n_prompt: int) -> float:
     return total_flops(ops)
 
 
-def record(lm, ids: list[int], skip, cfg: StepConfig = StepConfig(), prompt: str = "",
+def record(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig = StepConfig(), prompt: str = "",
            progress=None) -> StepThrough:
     """The step-through of `ids` (MIN_TOKENS..MAX_TOKENS tokens) with skip set `skip`."""
     t0 = time.perf_counter()
@@ -246,12 +250,12 @@ def record(lm, ids: list[int], skip, cfg: StepConfig = StepConfig(), prompt: str
 
 # --- results store ----------------------------------------------------------------------------
 
-def cache_params(lm, ids, skip, cfg: StepConfig) -> dict:
+def cache_params(lm: LoadedModel, ids, skip, cfg: StepConfig) -> dict:
     return {"model": lm.name, "card": lm.card(), "prompt_ids": list(ids), "skip": sorted(skip),
             "config": asdict(cfg)}
 
 
-def cached_stepthrough(lm, ids, skip, cfg: StepConfig = StepConfig(), prompt: str = "",
+def cached_stepthrough(lm: LoadedModel, ids, skip, cfg: StepConfig = StepConfig(), prompt: str = "",
                        use_cache: bool = True, notice=None,
                        progress=None) -> tuple[StepThrough, bool]:
     """(result, was_cache_hit): a stored step-through that passes the record checks, or a new one."""

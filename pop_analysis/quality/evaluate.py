@@ -139,7 +139,7 @@ def _padded(items, idx, max_new_tokens) -> int:
 class _BatchRun:
     """One evaluation: the model, its settings, and what one batch of items does."""
 
-    def __init__(self, lm, max_new_tokens, generate, step):
+    def __init__(self, lm: LoadedModel, max_new_tokens, generate, step):
         self.lm, self.adapter = lm, lm.adapter
         self.max_new, self.generate, self.step = max_new_tokens, generate, step
         self.stop = eos_ids(lm)

@@ -142,7 +142,7 @@ def min_length(lm: LoadedModel, cfg: RetrievalConfig) -> int:
     return len(_encode_item(lm, text, key, code, cfg.raw)[0])
 
 
-def _encode_item(lm, text, key, code, raw) -> tuple[list[int], list[int]]:
+def _encode_item(lm: LoadedModel, text, key, code, raw) -> tuple[list[int], list[int]]:
     """(prompt ids ending with the answer prefix, code ids) split from one tokenisation."""
     prefix = answer_prefix(key)
     if raw:

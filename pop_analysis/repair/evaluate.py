@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 from scipy import stats as st
 
+from pop_analysis.engine.models import LoadedModel
 from pop_analysis.quality import stats
 from pop_analysis.quality.evaluate import Variant, evaluate_variants
 from pop_analysis.quality.summary import metric_fields
@@ -53,7 +54,7 @@ def gap_closed(full, pop, repaired, confidence: float = stats.CONFIDENCE,
     raise stats.StatsError("the bootstrap gave no finite interval")  # pragma: no cover
 
 
-def compare(lm, items, skip, repairs: dict[str, Repair], max_new_tokens: int = 32,
+def compare(lm: LoadedModel, items, skip, repairs: dict[str, Repair], max_new_tokens: int = 32,
             generate: bool = False) -> dict:
     """{name: ItemScores} for "full", "pop" and each repair (attached in turn for `skip`).
 

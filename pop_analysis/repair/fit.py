@@ -25,6 +25,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from pop_analysis.engine.adapter import DecoderAdapter
 from pop_analysis.engine.pop import RepairError, left_pad, prefill
 from pop_analysis.engine.skipset import describe
 from pop_analysis.progress import Tracker
+
+if TYPE_CHECKING:
+    from pop_analysis.engine.models import LoadedModel
 
 ALPHA_GRID = tuple(float(10.0 ** (e / 2)) for e in range(-12, 5))  # 1e-6 .. 1e2, half decades
 MIN_TOKENS_PER_FEATURE = 2  # distinct calibration tokens needed per input feature (and intercept)
@@ -129,7 +133,7 @@ def check_data(cfg: RepairConfig) -> None:
         load_prompts(cfg.data, field=cfg.field, limit=cfg.n_samples)
 
 
-def calibration(lm, cfg: RepairConfig) -> Calibration:
+def calibration(lm: LoadedModel, cfg: RepairConfig) -> Calibration:
     """Token sequences of the calibration set: prompts through the chat template (as evaluation
     feeds them), followed by the reference answer when `cfg.answers`."""
     from pop_analysis.engine.generate import encode
@@ -207,7 +211,7 @@ def _budget(sequences, max_tokens: int) -> list[tuple[list[int], int, list[int]]
 
 
 @torch.inference_mode()
-def collect(lm, sequences, skip, max_tokens: int = 32768, progress=None,
+def collect(lm: LoadedModel, sequences, skip, max_tokens: int = 32768, progress=None,
             batch_size: int = 16) -> Activations:
     """Run the full model over the sequences (left-padded batches of similar length) and record
     x_f and every skipped layer's true (pre-k_norm, pre-RoPE) K and V at the distinct positions,
@@ -270,7 +274,7 @@ def fit_map(x: np.ndarray, y: np.ndarray, alphas, original=None, weight=None) ->
                     1.0 + float(model.best_score_) / total, r2_pop)
 
 
-def fit(lm, acts: Activations, skip, alphas=ALPHA_GRID, progress=None,
+def fit(lm: LoadedModel, acts: Activations, skip, alphas=ALPHA_GRID, progress=None,
         weighted: bool = True) -> dict:
     """Fitted maps for every skipped layer: {layer: {"k": LayerFit, "v": LayerFit}}; rows are
     weighted by how many calibration sequences share them unless `weighted` is False."""
@@ -317,7 +321,7 @@ class Repair:
         return sum(t.numel() for t in self.tensors.values()) * size
 
 
-def model_identity(lm) -> dict:
+def model_identity(lm: LoadedModel) -> dict:
     """What a repair must match: shape, and a fingerprint of the first and last layers' K/V
     weights rounded to bfloat16 (so float32 and bfloat16 loads of one checkpoint agree)."""
     a = lm.adapter
@@ -331,7 +335,7 @@ def model_identity(lm) -> dict:
             "hidden": s.hidden, "kv_dim": s.n_kv_heads * s.head_dim}
 
 
-def fit_repair(lm, skip, cfg: RepairConfig = RepairConfig(), progress=None,
+def fit_repair(lm: LoadedModel, skip, cfg: RepairConfig = RepairConfig(), progress=None,
                data: Calibration | None = None):
     """Calibration data -> activations -> fitted maps, as a Repair (not yet stored or attached).
     `data` is calibration(lm, cfg) when the caller already has it."""

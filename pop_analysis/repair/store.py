@@ -12,6 +12,7 @@ import dataclasses
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from pop_analysis.errors import first_line
 from pop_analysis.repair.fit import (Repair, RepairConfig, calibration, check_block, fit_repair,
     model_identity)
 from pop_analysis.store import results as store
+
+if TYPE_CHECKING:
+    from pop_analysis.engine.models import LoadedModel
 
 KIND = "repair"  # store kind
 
@@ -112,7 +116,7 @@ def _check_tensors(rep: Repair) -> None:
         raise ValueError(bad.replace("tensor", "map", 1))
 
 
-def entries(lm=None, skip=None) -> list[dict]:
+def entries(lm: LoadedModel | None = None, skip=None) -> list[dict]:
     """Stored repairs, newest first; only those matching `lm` (and `skip`) when given."""
     out = store.entries(KIND)
     if lm is not None:
@@ -124,7 +128,7 @@ def entries(lm=None, skip=None) -> list[dict]:
     return out
 
 
-def listing(lm=None, skip=None, notice=None) -> list[dict]:
+def listing(lm: LoadedModel | None = None, skip=None, notice=None) -> list[dict]:
     """One row per stored repair (newest first; `lm` / `skip` filter as in `entries`): what it
     was fitted on, how long it took, the last skipped layer's R^2 of plain POP's projection and
     of the fitted map, and the bytes of its maps in float32 (from the sidecar; the maps are not
@@ -166,7 +170,7 @@ def unusable(key: str, params: dict) -> str | None:
     return None if have == want else "its maps file does not cover its skip set"
 
 
-def check_compatible(lm, rep: Repair, skip=None) -> None:
+def check_compatible(lm: LoadedModel, rep: Repair, skip=None) -> None:
     """Refuse, in one line, a repair fitted for another model or another skip set."""
     mine = model_identity(lm)
     theirs = {k: v for k, v in rep.model.items() if k != "name"}
@@ -179,7 +183,7 @@ def check_compatible(lm, rep: Repair, skip=None) -> None:
                           f"{describe(rep.skip)}, not {describe(skip)}")
 
 
-def attach(lm, rep: Repair, skip=None) -> Repair:
+def attach(lm: LoadedModel, rep: Repair, skip=None) -> Repair:
     """Register the repair's maps on the model for its skip set (pop_repair then uses them),
     once their shapes fit the model and their scale is sane."""
     check_compatible(lm, rep, skip)
@@ -200,7 +204,7 @@ SCALE_TOKENS = 16  # embedding rows the two are compared on
 
 
 @torch.no_grad()
-def check_scale(lm, rep: Repair, built) -> None:
+def check_scale(lm: LoadedModel, rep: Repair, built) -> None:
     """The maps' output norm on a few tokens against the layer's own projection: finite maps of
     an absurd scale (x1e30) would give empty answers with exit code 0."""
     a = lm.adapter
@@ -215,7 +219,7 @@ def check_scale(lm, rep: Repair, built) -> None:
                                   "tokens; delete it and fit again")
 
 
-def fit_and_store(lm, skip, cfg: RepairConfig = RepairConfig(), progress=None,
+def fit_and_store(lm: LoadedModel, skip, cfg: RepairConfig = RepairConfig(), progress=None,
                   use_cache: bool = True, notice=None) -> tuple[Repair, bool]:
     """(repair, was_stored): the stored repair for these settings and data, or fit and store.
     A store that cannot be written costs only the storing: notice(line) hears it (default: a
@@ -238,7 +242,7 @@ def fit_and_store(lm, skip, cfg: RepairConfig = RepairConfig(), progress=None,
         return rep, False
 
 
-def ensure(lm, skip, spec="auto", progress=None) -> Repair:
+def ensure(lm: LoadedModel, skip, spec="auto", progress=None) -> Repair:
     """Attach a repair for this skip set: spec is a store key, "auto" (the newest stored one for
     this model and skip set, else a fit with the default settings) or a RepairConfig."""
     skip = check_block(skip, lm.adapter.n_layers)
@@ -254,7 +258,7 @@ def ensure(lm, skip, spec="auto", progress=None) -> Repair:
     return attach(lm, load(str(spec)), skip)
 
 
-def maps_path(lm, skip, spec="auto", progress=None) -> str:
+def maps_path(lm: LoadedModel, skip, spec="auto", progress=None) -> str:
     """Absolute path of the maps file of repair `spec` (KEY or "auto", as in `ensure`) for `lm`
     and `skip`, the file vLLM's pop_repair reads; one-line RepairError when none fits. A repair
     already attached for this skip set stays attached (the check attaches it for a moment)."""
@@ -275,7 +279,7 @@ def maps_path(lm, skip, spec="auto", progress=None) -> str:
     return str(path.resolve())
 
 
-def memory(lm, rep: Repair) -> dict:
+def memory(lm: LoadedModel, rep: Repair) -> dict:
     """Bytes of the extra projections (in the model's dtype) beside the model's own size."""
     params = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     extra = rep.nbytes(lm.dtype)
