@@ -47,8 +47,8 @@ def test_methods_page_ranks_compares_and_uses_a_set():
     assert "Data (CSV)" in labels and "Data (JSON)" in labels
     assert {"Figure: curves (HTML)", "Figure: agreement (HTML)", "Figure: frontier free (HTML)"} <= set(labels)
     page = report.build({"model": "smollm2-135m", "skip": at.session_state["lab.skip"],
-                         "results": {"lab.importance": res, "lab.method_compare": cmp},
-                         "context": {}})
+                         "models": {"smollm2-135m": {"lab.importance": (res, {}),
+                                                     "lab.method_compare": (cmp, {})}}})
     assert "Importance methods: builtin, 2 prompts" in page and "33% (10 layers, free): best" in page
     goto(at, "generate")
     assert f"Skip set:** {cmp.rows[point]['set']}" in texts(at.sidebar.markdown)
@@ -87,6 +87,6 @@ def test_budgeted_choice_on_the_skip_set_page():
     at.button(key="bud.use").click().run()
     assert at.session_state["lab.skip"] == tuple(res.best_found["skip_layers"])
     assert "Figure: candidates (HTML)" in [b.proto.label for b in at.get("download_button")]
-    page = report.build({"model": "smollm2-135m", "skip": (), "results": {"lab.choice": res},
-                         "context": {}})
+    page = report.build({"model": "smollm2-135m", "skip": (),
+                         "models": {"smollm2-135m": {"lab.choice": (res, {})}}})
     assert "Budgeted choice (Block Influence, free sets)" in page and "no skip set meets" in page
