@@ -74,14 +74,15 @@ def test_importance_and_choose_commands(embedded, tmp_results, monkeypatch, caps
     assert "the best found: layers" in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["importance", "--methods", "gate,nope"], "unknown method 'nope'"),
-    (["importance", "--samples", "0"], "at least one prompt"),
-    (["importance", "--compare", "--budgets", "0.2,1.5"], "in (0, 1)"),
-    (["choose"], "give a budget"),
-    (["choose", "--max-delta-nll", "0.1", "--method", "nope"], "unknown method"),
+@pytest.mark.parametrize("argv, message, code", [
+    (["importance", "--methods", "gate,nope"], "unknown method 'nope'", 1),
+    (["importance", "--samples", "0"], "--samples: must be a whole number in 1..", 2),  # the flag
+    (["importance", "--compare", "--budgets", "0.2,1.5"], "in (0, 1)", 1),
+    (["choose"], "give a budget", 1),
+    (["choose", "--max-delta-nll", "0.1", "--method", "nope"], "unknown method", 1),
+    (["choose", "--min-top1", "nan"], "--min-top1: must be a finite number in [0, 1]", 2),
 ])
-def test_bad_input_is_one_line_before_any_model_work(argv, message, capsys, monkeypatch):
+def test_bad_input_is_one_line_before_any_model_work(argv, message, code, capsys, monkeypatch):
     import pop_analysis.commands.choose as choose_cmd
     import pop_analysis.commands.importance as importance_cmd
 
@@ -90,5 +91,9 @@ def test_bad_input_is_one_line_before_any_model_work(argv, message, capsys, monk
 
     for mod in (choose_cmd, importance_cmd):
         monkeypatch.setattr(mod, "load", refuse)
-    assert main(argv) == 1
+    try:
+        got = main(argv)
+    except SystemExit as e:  # a flag's own check (argparse): exit 2
+        got = e.code
+    assert got == code
     assert message in one_error_line(capsys)
