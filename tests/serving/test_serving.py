@@ -144,7 +144,7 @@ def test_cli_bad_input_one_line():
         s.listen(1)
         port = s.getsockname()[1]
         for args, words in ((["serve", "--port", str(port), "--variant", "full"], "in use"),
-                            (["serve-bench", "--request-rates", "0"], "positive"),
+                            (["serve-bench", "--request-rates", "0"], "finite number in (0,"),
                             (["serve-bench", "--input-len", "5000"], "prompt tokens"),
                             (["serve", "--skip", "40", "--port", "0"], "40"),
                             (["serve", "--variant", "pop_repair", "--skip", "20-29"], "--repair"),
