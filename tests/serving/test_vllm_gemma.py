@@ -60,7 +60,7 @@ def gemma_engine(gemma, tmp_path_factory):
     assert len(prompts[-1]) > 512, len(prompts[-1])  # the window must matter
     with pytest.MonkeyPatch.context() as mp:  # the repair goes to a temporary store
         mp.setenv("POP_LAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-        rep = repair_store.save(fit_repair(gemma, TAIL, RepairConfig(n_samples=32)))
+        rep = repair_store.save(fit_repair(gemma, TAIL, RepairConfig(n_samples=64)))  # 640 features
         maps = maps_path(gemma, TAIL, rep.key)
         job = {"model": str(MODEL), "architecture": "Gemma3ForCausalLM", "engine": ENGINE,
                "pop": {"skip": TAIL, "variant": "pop"}, "runs": _runs(prompts, maps)}
