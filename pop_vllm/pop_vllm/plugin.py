@@ -64,8 +64,11 @@ def check_config(vllm_config) -> None:
     from vllm.config import CompilationMode
     from vllm.platforms import current_platform
 
+    # This hook runs before vLLM turns enforce_eager into CompilationMode.NONE: read both.
+    eager = (vllm_config.model_config.enforce_eager
+             or vllm_config.compilation_config.mode == CompilationMode.NONE)
     if current_platform.is_cpu() and vllm_config.parallel_config.pipeline_parallel_size > 1 \
-            and vllm_config.compilation_config.mode == CompilationMode.NONE:
+            and eager:
         raise PopSettingsError(f"{EAGER_PIPELINE_REASON} (drop --enforce-eager)")
 
     if not current_platform.is_cpu() and not untested_backends_allowed():
