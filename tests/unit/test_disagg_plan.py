@@ -132,4 +132,8 @@ def test_request_keys_follow_the_settings_at_arrival_and_the_transfer():
     prefix.use(PopSettings((20, 21), "pop"))
     stock = {**handed, "pop_kv_settings": None, "pop_kv_variant": "full"}
     assert prefix.extra_key(request(stock), 0, 32) is None  # a stock prefill's K/V stays stock
+    logprobs = request()
+    logprobs.sampling_params = SimpleNamespace(prompt_logprobs=1)  # runs the full path (step.py)
+    assert prefix.extra_key(logprobs, 0, 32) is None and prefix.full_path(logprobs)
+    assert prefix.extra_key(pop, 0, 32) == ("pop", key) and not prefix.full_path(pop)
     prefix.use(PopSettings())
