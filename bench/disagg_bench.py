@@ -2,7 +2,7 @@
 protocol (pop_analysis.serving.bench: warm-up, rounds with the order swapped, median of the
 per-round ratios with its IQR and flags). Run it from the project venv, holding the CPU lock:
 
-    flock -x /tmp/poplab-heavy.lock .venv/bin/python bench/disagg_bench.py pd
+    .venv/bin/python bench/disagg_bench.py pd
     ... prefill | prefix   [--rounds 3 --requests 24 ...]
 
 pd       colocated against disaggregated at equal cores, both POP (skip 20-29): one engine on

@@ -7,7 +7,7 @@ own parts timed alone (the finite pass on a freshly loaded model, whose pages th
 first, and again; the header read); and the serving path's check of a folder (headers, then every
 tensor through a memory map). Writes cache/bench/weights_check_bench.json (or --out).
 
-    flock -x /tmp/poplab-heavy.lock .venv/bin/python bench/weights_check_bench.py --threads 2
+    .venv/bin/python bench/weights_check_bench.py --threads 2
 """
 from __future__ import annotations
 
