@@ -70,6 +70,7 @@ COUNT = Num(int, 1, MAX_COUNT)  # a size the data checks (it knows how many item
 TEMPERATURE = Num(float, 0.0, 100.0)  # at 100 sampling is uniform already
 TOP_P = Num(float, 0.0, 1.0, open_low=True)
 RATIO = Num(float, 0.0, 1.0, open_high=True)  # a share of the layers skipped
+RATIO_OPEN = Num(float, 0.0, 1.0, open_low=True, open_high=True)  # a share that skips something
 
 
 def seconds(high: float) -> Num:

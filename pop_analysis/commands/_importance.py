@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pop_analysis.commands._common import COUNT, MAX_COUNT, MAX_TOKENS, SEED, TOKENS, Num
 from pop_analysis.data.prompts import BUILTIN_NAME, load_prompts
-from pop_analysis.errors import InputError, shown
 from pop_analysis.experiments.methods_run import ImportanceConfig, cached_importance
 from pop_analysis.quality.evalsets import NAMED, data_dir
 
@@ -56,14 +55,3 @@ def ranking(args, lm, cfg: ImportanceConfig, bar):
     """The stored (or computed) importance run of cfg on --dataset."""
     prompts = load_prompts(prompt_source(args.dataset), field=args.field, limit=cfg.n_samples)
     return cached_importance(lm, prompts, cfg, not args.no_cache, bar)
-
-
-def floats(text: str, flag: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise InputError(f"{flag} must be comma-separated numbers, got {shown(text)}") from None
-    if not values:
-        raise InputError(f"{flag} holds no numbers, got {shown(text)}")
-    return values
-

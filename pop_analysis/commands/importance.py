@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import sys
 
-from pop_analysis.commands._common import Num, add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._common import (
+    RATIO_OPEN,
+    Num,
+    add_model_args,
+    emit_json,
+    float_list,
+    load,
+    quiet_hf,
+)
 from pop_analysis.commands._importance import (
     add_eval_args,
     add_ranking_args,
-    floats,
     ranking,
     ranking_config,
 )
@@ -36,7 +43,7 @@ def add_arguments(p) -> None:
 
 def compare_config(args) -> CompareConfig:
     shapes = tuple(s.strip() for s in args.shapes.split(",") if s.strip())
-    return CompareConfig(budgets=floats(args.budgets, "--budgets"), shapes=shapes,
+    return CompareConfig(budgets=tuple(float_list(args.budgets, "--budgets", RATIO_OPEN)), shapes=shapes,
                          dataset=args.eval_dataset, n_samples=args.eval_samples,
                          offset=args.offset, answer_tokens=args.answer_tokens,
                          random_seeds=args.random_seeds, speed=not args.no_speed,
