@@ -136,9 +136,8 @@ def engine_env(spec: EngineSpec, secret: str | None = None) -> dict:
     them among its ranks."""
     ranks = spec.tensor_parallel * spec.pipeline_parallel
     try:
-        world = plugin_env.engine_env(cache_dir(), spec.kv_cache_gib, spec.threads, ranks)
-        if spec.cpus:
-            world["VLLM_CPU_OMP_THREADS_BIND"] = plugin_env.rank_cpus(ranks, spec.cpus)
+        world = plugin_env.engine_env(cache_dir(), spec.kv_cache_gib, spec.threads, ranks,
+                                      spec.cpus)
     except ValueError as e:
         raise ServingError(str(e)) from None
     env = {**os.environ, **world, "PYTHONUNBUFFERED": "1"}

@@ -31,9 +31,10 @@ def rank_cpus(world_size: int, cpus=None) -> str:
 
 
 def engine_env(cache_root: str | Path, kv_cache_gib: int = 1, threads: int | None = None,
-               world_size: int = 1) -> dict:
+               world_size: int = 1, cpus=()) -> dict:
     """kv_cache_gib: whole GiB (vLLM reads VLLM_CPU_KVCACHE_SPACE as an integer) per rank;
-    world_size: tensor x pipeline parallel ranks (> 1: each bound to its own cores)."""
+    world_size: tensor x pipeline parallel ranks (> 1: each bound to its own cores); cpus: the
+    cores the engine is pinned to (its ranks split them; empty: this process's own)."""
     cache_root = Path(cache_root)
     if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
         raise ValueError(f"kv_cache_gib must be a whole number of GiB >= 1, got {kv_cache_gib}")
@@ -51,8 +52,8 @@ def engine_env(cache_root: str | Path, kv_cache_gib: int = 1, threads: int | Non
     }
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    if world_size > 1:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = rank_cpus(world_size)
+    if world_size > 1 or cpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = rank_cpus(world_size, cpus or None)
     return env
 
 
