@@ -1,6 +1,7 @@
 """Load tests of POP beyond one engine, through vLLM's own benchmark code and POP Lab's timing
 protocol (pop_analysis.serving.bench: warm-up, rounds with the order swapped, median of the
-per-round ratios with its IQR and flags). Run it from the project venv, holding the CPU lock:
+per-round ratios with its IQR and flags). Run it from the project venv on an otherwise quiet
+machine:
 
     .venv/bin/python bench/disagg_bench.py pd
     ... prefill | prefix   [--rounds 3 --requests 24 ...]

@@ -4,7 +4,7 @@ Two repairs per skip ratio: "builtin" (the 64 builtin prompts, the default) and 
 (96 GSM8K train questions with their answers). Held-out evaluation, never the fitting prompts:
 GSM8K test answers, WizardLM test instructions (continuation: the full model's greedy response),
 the synthetic retrieval task, and drift on GSM8K test questions. Each stage is one short run
-(hold the shared CPU lock around each) and writes artifacts/repair_bench/<stage>_<ratio>[_data].json:
+(on an otherwise quiet machine) and writes artifacts/repair_bench/<stage>_<ratio>[_data].json:
 
     python bench/repair_bench.py fit --ratio 0.33
     python bench/repair_bench.py quality --ratio 0.33 --data gsm8k --samples 64

@@ -1,6 +1,6 @@
 """The timing protocol measured on the embedded model: noise, flags, the page's cost, ideals.
 
-Run it holding the shared CPU lock (it starts and stops its own CPU hog, by pid):
+Run it on an otherwise quiet machine (it starts and stops its own CPU hog, by pid):
 
     .venv/bin/python bench/timing_bench.py --threads 2
     ... --parts noise,empty            # only some parts

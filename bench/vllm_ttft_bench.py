@@ -1,6 +1,6 @@
 """TTFT of POP against full inside one vLLM engine (the POP plugin, vLLM's CPU build).
 
-Runs in the serving venv (scripts/install_vllm.sh builds it), holding the shared CPU lock:
+Runs in the serving venv (scripts/install_vllm.sh builds it), on an otherwise quiet machine:
 
     .venv-vllm/bin/python bench/vllm_ttft_bench.py
     ... --lengths 512 2048 4096 --mode eager|compiled --threads 1 --rounds 5
