@@ -5,4 +5,6 @@ cd "$(dirname "$0")"
 bash scripts/install.sh
 bash scripts/install_vllm.sh
 bash scripts/install_browser.sh
-exec .venv/bin/python -m pytest -q "$@"
+# Three workers on any machine: most of the suite's time is vLLM engines and browser sessions
+# starting, which leave cores idle; a module runs whole on one worker (its engine started once).
+exec .venv/bin/python -m pytest -q -n "${POP_TEST_WORKERS:-3}" --dist loadfile "$@"

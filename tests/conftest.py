@@ -18,7 +18,14 @@ TIERS = ("unit", "embedded", "dashboard", "browser", "serving")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+# The order the tiers run in: the longest modules first (engine and browser starts), so that the
+# workers of a parallel run (test.sh runs pytest-xdist, a module per worker at a time) end together
+# while the many short modules fill the gaps.
+RUN_ORDER = ("serving", "browser", "dashboard", "embedded", "unit")
+
+
 def pytest_collection_modifyitems(config, items):
+    tiers = {}
     for item in items:
         rel = Path(str(item.fspath)).resolve().relative_to(TESTS)
         tier = rel.parts[0] if len(rel.parts) > 1 else None
@@ -26,6 +33,8 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"tests/{rel}: a test module belongs in one of the tier folders "
                                     f"tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
+        tiers[item.nodeid] = RUN_ORDER.index(tier)
+    items.sort(key=lambda item: tiers[item.nodeid])  # stable: a module's tests keep their order
 
 
 @pytest.fixture(scope="session")

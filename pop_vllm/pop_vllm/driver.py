@@ -1,5 +1,8 @@
 """Run jobs on vLLM engines, one after another in one process, and print the results as JSON
 (the engine tests spawn this in the serving venv; one process saves vLLM's import per engine).
+A one-rank engine runs inside this process (vLLM's in-process engine core and "uni" executor):
+two process starts fewer per engine, the same model code and plugin. Parallel engines (tensor or
+pipeline) keep vLLM's worker processes, one per rank.
 
     python -m pop_vllm.driver JOBS.json
 
@@ -58,7 +61,9 @@ def run_job(job: dict, done: list | None = None) -> dict:
     from .settings import overrides
 
     engine = dict(job.get("engine", {}))
-    _bind_ranks(engine.get("tensor_parallel_size", 1) * engine.get("pipeline_parallel_size", 1))
+    world = engine.get("tensor_parallel_size", 1) * engine.get("pipeline_parallel_size", 1)
+    _bind_ranks(world)
+    _in_process(engine, world)
     if "kv_transfer_config" in engine:
         from vllm.config import KVTransferConfig
 
@@ -94,6 +99,13 @@ def _bind_ranks(world: int, _auto=os.environ.get("VLLM_CPU_OMP_THREADS_BIND")) -
         os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
     else:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _auto
+
+
+def _in_process(engine: dict, world: int) -> None:
+    """One rank: engine core and worker in this process (read by vLLM when the engine starts)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if world == 1 else "1"
+    if world == 1:
+        engine.setdefault("distributed_executor_backend", "uni")
 
 
 def _run(llm, run: dict, is_pop: bool, SamplingParams, done: list) -> dict:
