@@ -102,8 +102,12 @@ def test_every_page_in_a_real_browser(server, browser_page):
     perf["progress_bar_redraws"] = len(changes)
     perf["progress_bar_longest_gap_s"] = round(max(gaps), 2) if gaps else None
     assert len(changes) >= 2, "the progress bar was never seen moving"
-    # A frozen bar, not a slow machine, is what this guards against (it redraws every second).
-    assert max(gaps) <= 5, f"the progress bar stood still for {max(gaps):.1f} s"
+    # A frozen bar, not a slow machine, is what this guards against (it redraws every second; a
+    # bar drawn only at the start and the end stands still for most of the run): 5 s, or a third
+    # of the run where a busy machine stretches the run itself.
+    limit = max(5.0, perf["calibration_s"] / 3)
+    assert max(gaps) <= limit, f"the progress bar stood still for {max(gaps):.1f} s of " \
+                               f"{perf['calibration_s']:.0f} s"
     idle(page)
     visible(page, page.locator(PLOT).first, "the importance chart")
     set_number(page, "Seed", 1)
