@@ -13,15 +13,12 @@ import torch  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 SHARED_DATA = TESTS.parent.parent / "shared" / "data"
-TIERS = ("unit", "embedded", "dashboard", "browser", "serving")
+# The tiers, in the order they run: the longest modules first (engine and browser starts), so
+# that the workers of a parallel run (test.sh runs pytest-xdist, a module per worker at a time)
+# end together while the many short modules fill the gaps.
+TIERS = ("serving", "browser", "dashboard", "embedded", "unit")
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-
-
-# The order the tiers run in: the longest modules first (engine and browser starts), so that the
-# workers of a parallel run (test.sh runs pytest-xdist, a module per worker at a time) end together
-# while the many short modules fill the gaps.
-RUN_ORDER = ("serving", "browser", "dashboard", "embedded", "unit")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"tests/{rel}: a test module belongs in one of the tier folders "
                                     f"tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
-        tiers[item.nodeid] = RUN_ORDER.index(tier)
+        tiers[item.nodeid] = TIERS.index(tier)
     items.sort(key=lambda item: tiers[item.nodeid])  # stable: a module's tests keep their order
 
 
