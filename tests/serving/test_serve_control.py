@@ -9,10 +9,14 @@ serve-bench start it (pop_analysis.serving.session.Serving, engines="one"), over
 - prompt log-probs (`prompt_logprobs`, and `echo` with `logprobs`) on the engine while it runs pop
   or pop_no_boundary are the full model's: equal to the same engine switched to full and to POP Lab's
   own full model within 1e-3; generated-token log-probs are allowed and are the served model's
-  (POP Lab's pop for a POP request).
+  (POP Lab's pop for a POP request);
+- last, the engine's lifecycle: its start reported progress up to ready, its command line carries
+  the offline, loopback and no-prefix-cache settings, and its front end killed mid-run is noticed
+  (one line), after which stop() leaves no process.
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -25,11 +29,14 @@ import torch
 from pop_analysis.engine.generate import encode
 from pop_analysis.engine.pop import run_prompt, teacher_force
 from pop_analysis.serving import venv
+from pop_analysis.serving.server import group_members
 from pop_analysis.serving.session import Serving
 from pop_analysis.serving.spec import make_spec
 from pop_analysis.serving.venv import ServingError
 from pop_analysis.speed import procs
 from pop_vllm.engine_env import CONTROL_ROUTE, CONTROL_TOKEN_ENV
+
+from vllm_driver import wait_until
 
 SKIP = tuple(range(20, 30))
 TEXT = "The quick brown fox jumps over the lazy dog because it wanted to see the other side."
@@ -64,8 +71,11 @@ def serving(embedded):
     except ServingError as e:
         pytest.fail(f"{e} (the serving tests need it: bash {venv.INSTALL_SCRIPT})")
     spec = make_spec("smollm2-135m", SKIP, "pop", max_model_len=1024, kv_cache_gib=1)
-    with Serving(spec, engines="one") as s:
+    with Serving(spec, engines="one", progress=lambda *step: STARTED.append(step)) as s:
         yield s
+
+
+STARTED: list[tuple] = []  # the engine's start progress: (done, total, message) as reported
 
 
 def post(url: str, body: dict) -> dict:
@@ -196,3 +206,30 @@ def test_generated_logprobs_on_a_pop_engine_are_pops(serving, embedded):
     tokens, lp = choice["token_ids"], choice["logprobs"]["token_logprobs"]
     assert engine.control("pop_stats")[0]["pruned_tokens"] == len(ids) - 1
     assert close(lp, pop_lab_generated_logprobs(embedded, ids, "pop", SKIP, tokens)) < TOL
+
+
+def test_stop_and_death_mid_run(serving):
+    """Last in this module: it kills the engine's front end."""
+    engine = serving.engines["pop"]
+    done, total, message = STARTED[-1]
+    assert done == total and message.endswith("ready"), STARTED[-3:]
+    cmd = engine.command_line
+    for part in ("VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", "VLLM_HOST_IP=127.0.0.1",
+                 "HF_HUB_OFFLINE=1", "vllm.entrypoints.openai.api_server", "--host 127.0.0.1",
+                 "--no-enable-prefix-caching"):  # every engine, stock ones too: fair comparisons
+        assert part in cmd
+    out = post(f"{engine.url}/v1/completions", {"model": serving.spec.name, "max_tokens": 4,
+                                                "prompt": "The capital of France is",
+                                                "temperature": 0})
+    assert out["choices"][0]["text"].strip()
+    assert engine.rss_bytes() > 100 * 2**20
+    # Kill the front end (the watchdog's child): the engine dies mid-run.
+    front = [p for p in procs.children(engine.proc.pid) if p in group_members(engine.proc.pid)]
+    os.kill(front[0], signal.SIGKILL)
+    wait_until(lambda: not engine.alive(), 30, "the wrapper did not notice")
+    with pytest.raises(ServingError) as e:
+        engine.check()
+    text = str(e.value)
+    assert "the engine died" in text and "\n" not in text
+    serving.stop()
+    assert not group_members(engine.proc.pid)

@@ -1,13 +1,12 @@
 """The vLLM server lifecycle (pop_analysis.serving) against a real engine on the embedded model.
 
-Three engine starts: one that dies for an unsupported architecture (fails early), a POP engine
+Two engine starts: one that dies for an unsupported architecture (fails early), and a POP engine
 from the `serve` command whose greedy tokens over HTTP must equal POP Lab's pop and whose process
-is then SIGKILLed (the watchdog must end the engine), and one that serves, is stopped, and whose
-front end is killed mid-run. A missing serving venv fails this module with the command that builds it.
+is then SIGKILLed (the watchdog must end the engine). An engine whose front end is killed mid-run,
+then stopped, is test_serve_control.py's, after its other tests. A missing serving venv fails this
+module with the command that builds it.
 """
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -206,35 +205,3 @@ def test_cli_serve_pop_then_parent_killed(spec, embedded):
     finally:
         p.kill()
         p.wait()
-
-
-
-
-def test_serve_stop_and_death_mid_run(spec):
-    engine = Engine(spec)
-    seen = []
-    engine.start(progress=lambda done, total, msg: seen.append((done, total, msg)))
-    try:
-        assert seen[-1][0] == seen[-1][1] and seen[-1][2] == "ready"
-        cmd = engine.command_line
-        for part in ("VLLM_NO_USAGE_STATS=1", "DO_NOT_TRACK=1", "VLLM_HOST_IP=127.0.0.1",
-                     "HF_HUB_OFFLINE=1", "vllm.entrypoints.openai.api_server", "--host 127.0.0.1",
-                     "--no-enable-prefix-caching"):  # a stock engine too: fair comparisons
-            assert part in cmd
-        body = json.dumps({"model": spec.name, "prompt": "The capital of France is",
-                           "max_tokens": 4, "temperature": 0}).encode()
-        req = urllib.request.Request(f"{engine.url}/v1/completions", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            assert json.load(r)["choices"][0]["text"].strip()
-        assert engine.rss_bytes() > 100 * 2**20
-        # Kill the front end (the watchdog's child): the engine dies mid-run.
-        front = [p for p in children(engine.proc.pid) if p in group_members(engine.proc.pid)]
-        os.kill(front[0], signal.SIGKILL)
-        wait_until(lambda: not engine.alive(), 30, "the wrapper did not notice")
-        with pytest.raises(ServingError) as e:
-            engine.check()
-        assert "the engine died" in one_line(e)
-    finally:
-        engine.stop()
-    assert not group_members(engine.proc.pid)
