@@ -20,12 +20,16 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   # POP Lab itself and the plugin's pure modules (variants, settings, engine environment), editable:
   # the code is read from this tree, so an edit needs no reinstall. compat mode puts the folders on
   # sys.path (a .pth): the repository's pop_vllm/ project folder would otherwise shadow the package.
+  # The build writes into this tree: one at a time with install_vllm.sh (test.sh runs both at once).
+  exec 9>.install.lock
+  flock 9
   log="$(mktemp)"
   if ! .venv/bin/python -m pip install -q --no-deps --no-build-isolation \
       --config-settings editable_mode=compat -e . -e ./pop_vllm >"$log" 2>&1; then
     tail -20 "$log"; rm -f "$log"; exit 1
   fi
   rm -f "$log"; rm -rf ./*.egg-info pop_vllm/*.egg-info pop_vllm/build
+  flock -u 9
   echo "$WANT" > "$STAMP"
 fi
 # Convert the embedded models once each (GGUF -> safetensors under cache/models/).

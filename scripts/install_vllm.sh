@@ -52,12 +52,15 @@ if ! "$VENV/bin/python" -c "import pandas" 2>/dev/null; then
   pip_q install -q "pandas==3.1.1"
 fi
 if [ "$(cat "$PLUGIN_STAMP" 2>/dev/null)" != "$PLUGIN_WANT" ]; then
+  exec 9>.install.lock  # the builds write into this tree: one at a time with install.sh
+  flock 9
   echo "install_vllm: installing the POP plugin (pop_vllm/)"
   pip_q install -q --no-deps --no-build-isolation --force-reinstall ./pop_vllm
   # POP Lab itself, editable, for the benchmarks that run in this venv (bench/vllm_ttft_bench.py
   # times vLLM with the library's timing protocol); the engine never imports it.
   pip_q install -q --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
   rm -rf pop_vllm/build pop_vllm/*.egg-info ./*.egg-info
+  flock -u 9
   echo "$PLUGIN_WANT" > "$PLUGIN_STAMP"
 fi
 elapsed=$(( $(date +%s) - started ))

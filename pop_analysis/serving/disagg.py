@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -115,16 +117,29 @@ class Disaggregated:
         return out if self.proxy is None else {**out, "proxy": self.proxy}
 
     def start(self, progress=None, timeout_s: float | None = None) -> "Disaggregated":
+        """The two instances start side by side, each on its own cores (a start is mostly one
+        core importing vLLM), then the proxy; the first failure stops all of them."""
         kw = {} if timeout_s is None else {"timeout_s": timeout_s}
+        bar = _Progress(progress)
+        waits = ThreadPoolExecutor(2, thread_name_prefix="instance-start")
         try:
-            self.prefill.start(progress=_part(progress, "prefill", 0), **kw)
-            self.decode.start(progress=_part(progress, "decode", 1), **kw)
+            instances = (("prefill", self.prefill), ("decode", self.decode))
+            for _, member in instances:
+                member.launch(**kw)
+            ready = [waits.submit(m.wait_ready, bar.part(name, i))
+                     for i, (name, m) in enumerate(instances)]
+            done, _ = wait(ready, return_when=FIRST_EXCEPTION)
+            for f in ready:  # the first failure, if any
+                if f in done:
+                    f.result()
             self.proxy = Proxy(self.topology.proxy, [self.prefill.url], [self.decode.url],
                                self._log_dir)
-            self.proxy.start(progress=_part(progress, "proxy", 2), **kw)
+            self.proxy.start(progress=bar.part("proxy", 2), **kw)
         except BaseException:
-            self.stop()
+            self.stop()  # a wait still under way ends when its engine has gone
             raise
+        finally:
+            waits.shutdown(wait=False)
         return self
 
     def check(self) -> None:
@@ -162,11 +177,19 @@ class Disaggregated:
         self.stop()
 
 
-def _part(progress, name: str, index: int):
-    """A member's progress(done, total, message) as a percentage of starting all three."""
-    if progress is None:
-        return None
+class _Progress:
+    """The three members' progress(done, total, message) as one percentage (their shares summed:
+    the instances start side by side), the message naming its member; one call at a time."""
 
-    def show(done, total, message):
-        progress(round(100 * (index + done / max(total, 1)) / 3), 100, f"{name}: {message}")
-    return show
+    def __init__(self, progress):
+        self.progress, self.shares, self.lock = progress, [0.0, 0.0, 0.0], threading.Lock()
+
+    def part(self, name: str, index: int):
+        if self.progress is None:
+            return None
+
+        def show(done, total, message):
+            with self.lock:
+                self.shares[index] = done / max(total, 1)
+                self.progress(round(100 * sum(self.shares) / 3), 100, f"{name}: {message}")
+        return show

@@ -182,6 +182,7 @@ class Engine:
         self.cmd: list[str] = []
         self.log_path: Path | None = None
         self.start_s: float | None = None  # seconds from launch to ready
+        self._launched: tuple[float, float] = (0.0, START_TIMEOUT_S)  # (launch time, timeout)
         self._secret = control.new_secret()  # the control route's; in the engine's environment only
         self._lock = threading.Lock()
 
@@ -206,6 +207,11 @@ class Engine:
     def start(self, progress=None, timeout_s: float = START_TIMEOUT_S) -> "Engine":
         """Launch and wait until /health answers. progress(done, total, message) follows the
         log's milestones. One-line ServingError when it cannot start."""
+        return self.launch(timeout_s).wait_ready(progress)
+
+    def launch(self, timeout_s: float = START_TIMEOUT_S) -> "Engine":
+        """Start the process group and return at once; wait_ready() then waits for it, at most
+        timeout_s from now. Engines launched one after another start side by side."""
         if not 0 < timeout_s <= MAX_START_TIMEOUT_S:  # a NaN never compares greater: no end
             raise ServingError(f"the start timeout must be a number of seconds in (0, "
                                f"{MAX_START_TIMEOUT_S:.0f}], got {timeout_s}")
@@ -231,6 +237,12 @@ class Engine:
                 start_new_session=True, cwd=cache_dir(),
                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         _RUNNING.add(self)
+        self._launched = (t0, timeout_s)
+        return self
+
+    def wait_ready(self, progress=None) -> "Engine":
+        """Block until the launched engine answers (stopping it when it cannot start)."""
+        t0, timeout_s = self._launched
         try:
             self._wait_ready(progress, t0 + timeout_s, timeout_s)
         except BaseException:
@@ -346,7 +358,7 @@ class Engine:
 
     def rss_bytes(self) -> int:
         """Resident memory of the whole process group (front end, engine core, workers)."""
-        return sum(_rss(pid) for pid in group_members(self.proc.pid)) if self.proc else 0
+        return sum(map(procs.rss_bytes, group_members(self.proc.pid))) if self.proc else 0
 
     def pids(self) -> list[int]:
         return group_members(self.proc.pid) if self.proc else []
@@ -366,16 +378,6 @@ def group_members(pgid: int) -> list[int]:
         if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
             out.append(pid)
     return out
-
-
-def _rss(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _signal_group(pgid: int, sig) -> None:

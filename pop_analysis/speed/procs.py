@@ -1,4 +1,4 @@
-"""Processes as /proc shows them (Linux): stat fields, children, descendants, CPU time.
+"""Processes as /proc shows them (Linux): stat fields, children, descendants, CPU time, memory.
 
 Standard library only: the serving venv imports it through speed/timing.py as well.
 """
@@ -15,6 +15,17 @@ def stat_fields(pid: int) -> list[str] | None:
     except OSError:
         return None
     return stat[stat.rindex(")") + 2:].split()  # comm may hold spaces and parentheses
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of one process (0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def pids() -> list[int]:
