@@ -129,7 +129,7 @@ class Disaggregated:
             ready = [waits.submit(m.wait_ready, bar.part(name, i))
                      for i, (name, m) in enumerate(instances)]
             done, _ = wait(ready, return_when=FIRST_EXCEPTION)
-            for f in ready:  # the first failure, if any
+            for f in ready:  # a failure, the prefill's before the decode's
                 if f in done:
                     f.result()
             self.proxy = Proxy(self.topology.proxy, [self.prefill.url], [self.decode.url],

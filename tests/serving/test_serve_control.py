@@ -64,6 +64,9 @@ print(json.dumps(out))
 """
 
 
+STARTED: list[tuple] = []  # the engine's start progress: (done, total, message) as reported
+
+
 @pytest.fixture(scope="module")
 def serving(embedded):
     try:
@@ -73,9 +76,6 @@ def serving(embedded):
     spec = make_spec("smollm2-135m", SKIP, "pop", max_model_len=1024, kv_cache_gib=1)
     with Serving(spec, engines="one", progress=lambda *step: STARTED.append(step)) as s:
         yield s
-
-
-STARTED: list[tuple] = []  # the engine's start progress: (done, total, message) as reported
 
 
 def post(url: str, body: dict) -> dict:
