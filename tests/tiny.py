@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     Qwen2Config,
@@ -22,12 +23,20 @@ FAMILIES = {
     "qwen2": lambda: Qwen2Config(**COMMON, use_sliding_window=False),
     "qwen3": lambda: Qwen3Config(**COMMON, head_dim=16, use_sliding_window=False),
 }
+WINDOW = 8  # a sliding window shorter than the prompts the tests use
+GEMMA = dict(COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16)
+LOCAL_GLOBAL = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+# Families with sliding-window layers (kept apart: FAMILIES parametrises the invariant tests).
+SLIDING_FAMILIES = {
+    "mistral_sliding": lambda: MistralConfig(**COMMON, sliding_window=WINDOW),
+    "gemma3_text": lambda: Gemma3TextConfig(**GEMMA, layer_types=LOCAL_GLOBAL),
+}
 
 
 def tiny_model(family: str = "llama", seed: int = 0, **overrides):
     """A LoadedModel around a random `family` model (fp32, CPU, eval)."""
     torch.manual_seed(seed)
-    config = FAMILIES[family]()
+    config = {**FAMILIES, **SLIDING_FAMILIES}[family]()
     for k, v in overrides.items():
         setattr(config, k, v)
     config._attn_implementation = "sdpa"

@@ -102,7 +102,7 @@ def _stack(adapter: DecoderAdapter, ids, cache, skip, skip_mode, start,
     """The layer loop shared by prefill and teacher forcing; returns every position (B, T, D)."""
     pad = padding(attention_mask, ids.shape[0], start + ids.shape[1])  # (B, start+T) or None
     h, pos = _embed(adapter, ids, start, pad)  # (B, T, D), (B, T)
-    return _layers(adapter, h, pos, cache, skip, skip_mode, pad, range(adapter.n_layers))
+    return run_layers(adapter, h, pos, cache, skip, skip_mode, pad, range(adapter.n_layers))
 
 
 def _embed(adapter: DecoderAdapter, ids, start, pad):
@@ -110,8 +110,10 @@ def _embed(adapter: DecoderAdapter, ids, start, pad):
     return h, adapter.positions(start, ids.shape[1], ids.shape[0], pad)  # (B, T)
 
 
-def _layers(adapter: DecoderAdapter, h, pos, cache, skip, skip_mode, pad, layers) -> torch.Tensor:
+def run_layers(adapter: DecoderAdapter, h, pos, cache, skip, skip_mode, pad, layers) -> torch.Tensor:
     """Run `layers` over the chunk h (B, T, D) at positions pos (B, T); returns (B, T, D).
+    Each layer attends to what `cache` holds for it and appends the chunk's K/V (healing runs
+    layers f..L-1 this way over a cache of its own).
 
     Each layer builds its own mask (cache lengths and sliding windows differ per layer) and
     receives h on its own device (a device_map may split the stack).
@@ -185,16 +187,19 @@ class FirstStep:
     cache: object
     position: int  # position of the first generated token
     attention_mask: torch.Tensor | None = None  # (B, N) padding mask of the prompt, if padded
+    trunk: torch.Tensor | None = None  # (B, N, D) input of the first skipped layer (keep_trunk)
 
 
 @torch.inference_mode()
 def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
-               skip=(), counts=None, attention_mask: torch.Tensor | None = None) -> FirstStep:
+               skip=(), counts=None, attention_mask: torch.Tensor | None = None,
+               keep_trunk: bool = False) -> FirstStep:
     """Prompt in -> logits of the first new token out, for one variant (boundary step included).
 
     `counts` (a counters.CallCounts) is told the stage: "prefill", then "boundary" for x_N.
     A batch of prompts of different lengths is left-padded (see `left_pad`) with its
-    attention_mask (B, N); x_N is then the last column for every row.
+    attention_mask (B, N); x_N is then the last column for every row. `keep_trunk` keeps the
+    hidden states entering the first skipped layer in FirstStep.trunk (exact: healing's input).
     """
     check_variant(variant)
     if variant == "pop_repair":
@@ -211,12 +216,13 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
         h = prefill(adapter, ids, cache, skip, mode, attention_mask=am)  # all N positions
         logits = adapter.logits(h)[:, -1, :].float()  # (B, V)
         return FirstStep(logits, cache, n, am)
-    logits = _pruned_prompt(adapter, ids, cache, skip, mode, am, counts)
-    return FirstStep(logits, cache, n, am)
+    logits, trunk = _pruned_prompt(adapter, ids, cache, skip, mode, am, counts)
+    return FirstStep(logits, cache, n, am, trunk if keep_trunk else None)
 
 
-def _pruned_prompt(adapter: DecoderAdapter, ids, cache, skip, mode, am, counts) -> torch.Tensor:
-    """POP's prompt: x_1..x_{N-1} through the pruned stack, x_N through the full one.
+def _pruned_prompt(adapter: DecoderAdapter, ids, cache, skip, mode, am, counts):
+    """POP's prompt: x_1..x_{N-1} through the pruned stack, x_N through the full one. Returns
+    the first token's logits (B, V) and the hidden states entering the first skipped layer.
 
     Layers below the first skipped one see identical inputs in both paths, so x_N rides along
     with the prompt through them (exact, not an approximation) and the boundary step re-runs
@@ -225,8 +231,8 @@ def _pruned_prompt(adapter: DecoderAdapter, ids, cache, skip, mode, am, counts) 
     first = min(skip, default=adapter.n_layers)
     pad = padding(am, ids.shape[0], ids.shape[1])  # (B, N) or None
     h, pos = _embed(adapter, ids, 0, pad)  # (B, N, D), (B, N)
-    h = _layers(adapter, h, pos, cache, (), None, pad, range(first))  # shared trunk, all N
-    return prompt_above(adapter, h, pos, pad, cache, skip, mode, first, True, counts)
+    h = run_layers(adapter, h, pos, cache, (), None, pad, range(first))  # shared trunk, all N
+    return prompt_above(adapter, h, pos, pad, cache, skip, mode, first, True, counts), h
 
 
 def prompt_above(adapter: DecoderAdapter, h, pos, pad, cache, skip, mode, start: int,
@@ -237,13 +243,13 @@ def prompt_above(adapter: DecoderAdapter, h, pos, pad, cache, skip, mode, start:
     the same result: below it every variant computes what the full model does."""
     rest = range(start, adapter.n_layers)
     if not boundary:
-        h = _layers(adapter, h, pos, cache, skip, mode, pad, rest)  # (B, N, D)
+        h = run_layers(adapter, h, pos, cache, skip, mode, pad, rest)  # (B, N, D)
         return adapter.logits(h[:, -1:])[:, -1, :].float()  # (B, V)
     if h.shape[1] > 1:
         prompt_pad = None if pad is None else pad[:, :-1]  # (B, N-1)
-        _layers(adapter, h[:, :-1], pos[:, :-1], cache, skip, mode, prompt_pad, rest)  # pruned
+        run_layers(adapter, h[:, :-1], pos[:, :-1], cache, skip, mode, prompt_pad, rest)  # pruned
     _stage(counts, "boundary")
-    h_last = _layers(adapter, h[:, -1:], pos[:, -1:], cache, (), None, pad, rest)  # x_N in full
+    h_last = run_layers(adapter, h[:, -1:], pos[:, -1:], cache, (), None, pad, rest)  # x_N in full
     return adapter.logits(h_last)[:, -1, :].float()  # (B, V)
 
 

@@ -12,7 +12,6 @@ from transformers import (
     Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
-    MistralConfig,
     SiglipVisionConfig,
 )
 
@@ -21,11 +20,8 @@ from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import ModelLoadError, load_model, model_from_hf
 from pop_analysis.engine.pop import decode_step, prefill, run_prompt, teacher_force
 
-from tiny import COMMON, FAMILIES, tiny_prompt
+from tiny import FAMILIES, GEMMA, LOCAL_GLOBAL, SLIDING_FAMILIES, WINDOW, tiny_prompt
 
-WINDOW = 8
-GEMMA = dict(COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16)
-LOCAL_GLOBAL = ["sliding_attention", "sliding_attention", "full_attention"] * 2
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
               image_size=28, patch_size=14)
 
@@ -41,11 +37,11 @@ def gemma3_image_text():
 # name -> (config factory, attention implementation)
 RUNNER = {name: (make, "sdpa") for name, make in FAMILIES.items()}
 RUNNER.update({
-    "mistral_sliding": (lambda: MistralConfig(**COMMON, sliding_window=WINDOW), "sdpa"),
+    "mistral_sliding": (SLIDING_FAMILIES["mistral_sliding"], "sdpa"),
     # Gemma-2: alternating local/global layers, attention and final logit soft-capping (eager).
     "gemma2": (lambda: Gemma2Config(**GEMMA), "eager"),
     # Gemma-3 text: k_norm/q_norm, separate local and global rotary embeddings.
-    "gemma3_text": (lambda: Gemma3TextConfig(**GEMMA, layer_types=LOCAL_GLOBAL), "sdpa"),
+    "gemma3_text": (SLIDING_FAMILIES["gemma3_text"], "sdpa"),
     "gemma3_text_eager": (lambda: Gemma3TextConfig(**GEMMA, layer_types=LOCAL_GLOBAL), "eager"),
     # Gemma-3 image-text checkpoints (model_type gemma3, as Gemma-3-12B ships): text prompts run
     # through the language model.
