@@ -16,10 +16,13 @@ from pop_analysis.commands._common import (
     seconds,
     skip_from_args,
 )
+from pop_analysis.commands._heal import add_heal_args, heal_from_args
 from pop_analysis.commands._repair import add_repair_arg, attach_repair, need_repair
 from pop_analysis.engine.generate import SamplingConfig, encode
 from pop_analysis.engine.generate import run as run_generation
 from pop_analysis.engine.pop import VARIANTS, check_prompt
+from pop_vllm.healing import NO_HEAL
+from pop_vllm.healing import check_variant as check_heal_variant
 from pop_analysis.speed.timing import (
     MAX_BUDGET_S,
     MAX_ROUNDS,
@@ -44,6 +47,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the untimed warm-up prompt pass (first timings then include warm-up)")
     add_repair_arg(p)
+    add_heal_args(p)
     p.add_argument("--timing-rounds", type=Num(int, 1, MAX_ROUNDS), default=3,
                    help="fewest timed rounds of the prefill speedup (at least 3 are run)")
     p.add_argument("--timing-budget", type=seconds(MAX_BUDGET_S), default=2.0, metavar="SECONDS",
@@ -63,6 +67,9 @@ def run(args) -> int:
     if args.repair and "pop_repair" not in variants:
         variants.append("pop_repair")
     need_repair(args, variants)
+    heal = heal_from_args(args)
+    for v in variants:
+        check_heal_variant(heal, v)
     timing = TimingConfig(min_rounds=check_rounds(args.timing_rounds),
                           budget_s=check_budget(args.timing_budget), warmup=0)
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -78,9 +85,9 @@ def run(args) -> int:
     rep = attach_repair(args, lm, skip, quiet=args.json)
     if not args.no_warmup:
         warm_up(lm, ids, variants, skip)
-    runs = {v: run_variant(lm, ids, v, skip, cfg, args.json) for v in variants}
+    runs = {v: run_variant(lm, ids, v, skip, cfg, args.json, heal) for v in variants}
     out = {"model": lm.name, "n_layers": lm.adapter.n_layers, "skip_layers": list(skip),
-           "prompt_tokens": len(ids), "runs": runs, **speed_fields(lm, ids, skip, variants, timing),
+           "prompt_tokens": len(ids), "heal": heal.as_dict(), "runs": runs, **speed_fields(lm, ids, skip, variants, timing),
            "repair": rep.key if rep else None}
     if args.json:
         emit_json(out)
@@ -127,11 +134,23 @@ def warm_up(lm, ids, variants, skip) -> None:
         run_prompt(lm.adapter, prompt, v, skip)
 
 
-def run_variant(lm, ids, variant, skip, cfg, quiet: bool) -> dict:
-    g = run_generation(lm, ids, variant, skip, cfg)
+def run_variant(lm, ids, variant, skip, cfg, quiet: bool, heal=NO_HEAL) -> dict:
+    """One streamed generation; `heal` applies to the variants it heals (the full model's cache
+    is exact already, so its run never heals)."""
+    g = run_generation(lm, ids, variant, skip, cfg, heal=NO_HEAL if variant == "full" else heal)
     if not quiet:
         print(f"--- {variant}: TTFT {g.ttft_s * 1e3:.1f} ms, "
-              f"decode {g.decode_tokens_per_s or 0:.1f} tok/s")
+              f"decode {g.decode_tokens_per_s or 0:.1f} tok/s" + heal_words(g.heal))
         print(g.text if g.text is not None else g.token_ids)
     return {"text": g.text, "token_ids": g.token_ids, "ttft_ms": round(g.ttft_s * 1e3, 3),
-            "decode_tokens_per_s": round(g.decode_tokens_per_s, 3) if g.decode_tokens_per_s else None}
+            "decode_tokens_per_s": round(g.decode_tokens_per_s, 3) if g.decode_tokens_per_s else None,
+            "heal": g.heal}
+
+
+def heal_words(rep: dict | None) -> str:
+    if not rep:
+        return ""
+    what = (f"exact from token {rep['horizon_tokens']}" if rep["finished"] else
+            f"unfinished: {rep['healed_positions']} of {rep['positions']} positions")
+    budget = rep["budget_positions"] or (f"{rep['budget_ms']:g}ms" if rep["budget_ms"] else None)
+    return f", heal {rep['policy']}{f' {budget}' if budget else ''} chunk {rep['chunk']}: {what}"

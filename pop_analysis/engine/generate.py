@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pop_analysis.engine.heal import heal_prompt
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import (PromptError, check_prompt, check_text, check_variant,
-                                     decode_drop, decode_step, run_prompt)
+                                     decode_drop, decode_step)
 from pop_analysis.errors import InputError
+from pop_vllm.healing import NO_HEAL, Heal
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class Token:
     token_id: int
     index: int  # 0 for the first generated token
     elapsed_s: float  # seconds since the prompt went in (synchronised)
+    heal: dict | None = None  # healing so far (Healer.report) when the run heals
 
 
 @dataclass
@@ -74,6 +77,7 @@ class Generation:
     ttft_s: float = 0.0  # prompt in -> first token out
     decode_s: float = 0.0  # first token out -> last token out
     text: str | None = None
+    heal: dict | None = None  # what healing did (policy, chunk, horizon, ...) when the run heals
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -168,10 +172,12 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=(),
-             cfg: SamplingConfig = SamplingConfig(), counts=None):
+             cfg: SamplingConfig = SamplingConfig(), counts=None, heal: Heal = NO_HEAL):
     """Yield the new tokens of one variant one by one (a generator: the UI streams it).
 
-    `counts` (from counters.count_calls) is told the stage: prefill, boundary, decode.
+    `counts` (from counters.count_calls) is told the stage: prefill, boundary, decode (and heal
+    while a healing chunk runs). `heal` (pop_vllm.healing) heals the pruned prompt's cache
+    between decode steps, after the first token; each Token then carries the healing so far.
     """
     check_variant(variant)
     check_prompt(lm.adapter, len(prompt_ids), cfg.max_new_tokens)
@@ -183,7 +189,7 @@ def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=
     ids = torch.tensor([prompt_ids], device=device)  # (1, N)
     synchronize(device)
     t0 = time.perf_counter()
-    first = run_prompt(adapter, ids, variant, skip, counts)
+    first, healer = heal_prompt(adapter, ids, variant, skip, heal, counts)
     if counts is not None:
         counts.stage = "decode"
     nxt = pick(first.logits.cpu(), cfg, gen)  # (1, 1)
@@ -191,20 +197,26 @@ def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=
     for index in range(cfg.max_new_tokens):
         synchronize(device)
         token = int(nxt[0, 0])
-        yield Token(token, index, time.perf_counter() - t0)
+        yield Token(token, index, time.perf_counter() - t0, healer and healer.report())
         if token in stop or index + 1 == cfg.max_new_tokens:
             return
-        logits = decode_step(adapter, nxt.to(device), first.cache, position, drop)  # (1, V)
+        if healer is None:
+            logits = decode_step(adapter, nxt.to(device), first.cache, position, drop)  # (1, V)
+        else:
+            healer.before_step(index + 1, counts)
+            logits = healer.decode(nxt.to(device), position)  # (1, V)
         position += 1
         nxt = pick(logits.cpu(), cfg, gen)
 
 
 def run(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=(),
-        cfg: SamplingConfig = SamplingConfig(), on_token=None, counts=None) -> Generation:
+        cfg: SamplingConfig = SamplingConfig(), on_token=None, counts=None,
+        heal: Heal = NO_HEAL) -> Generation:
     """Drain `generate` into a Generation; `on_token(Token)` sees each token as it arrives."""
     out = Generation(variant=variant)
     last = 0.0
-    for tok in generate(lm, prompt_ids, variant, skip, cfg, counts):
+    for tok in generate(lm, prompt_ids, variant, skip, cfg, counts, heal):
+        out.heal = tok.heal
         if tok.index == 0:
             out.ttft_s = tok.elapsed_s
         out.token_ids.append(tok.token_id)

@@ -16,10 +16,10 @@ from pop_analysis.engine.pop import (
     NO_BOUNDARY,
     FirstStep,
     _embed,
-    _layers,
     padding,
     prefill_skip_mode,
     prompt_above,
+    run_layers,
 )
 from pop_vllm.variants import SkipMode
 
@@ -44,9 +44,9 @@ def full_chunk(adapter: DecoderAdapter, ids, cache, start: int = 0, attention_ma
     h, pos = _embed(adapter, ids, start, pad)  # (B, T, D), (B, T)
     kept, done = {}, 0
     for f in sorted(set(capture)):
-        h = _layers(adapter, h, pos, cache, (), None, pad, range(done, f))  # (B, T, D)
+        h = run_layers(adapter, h, pos, cache, (), None, pad, range(done, f))  # (B, T, D)
         kept[f], done = h, f
-    return _layers(adapter, h, pos, cache, (), None, pad, range(done, adapter.n_layers)), kept
+    return run_layers(adapter, h, pos, cache, (), None, pad, range(done, adapter.n_layers)), kept
 
 
 @torch.inference_mode()
@@ -71,7 +71,7 @@ def continue_from(adapter: DecoderAdapter, h, start: int, cache, position: int, 
     b, t = h.shape[:2]
     pad = padding(attention_mask, b, position + t)  # (B, position+T) or None
     pos = adapter.positions(position, t, b, pad)  # (B, T)
-    h = _layers(adapter, h, pos, cache, drop, SkipMode.DROP if drop else None, pad,
+    h = run_layers(adapter, h, pos, cache, drop, SkipMode.DROP if drop else None, pad,
                 range(start, adapter.n_layers))  # (B, T, D)
     return adapter.logits(h).float()  # (B, T, V)
 

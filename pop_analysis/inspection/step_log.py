@@ -1,7 +1,7 @@
 """Which layer computed which positions, stage by stage, read from forward hooks on the model's
 own modules while the engine runs (nothing here re-states what POP should do).
 
-The engine runs the stack chunk by chunk (`pop._layers`); each chunk starts with one call of the
+The engine runs the stack chunk by chunk (`pop.run_layers`); each chunk starts with one call of the
 rotary embedding carrying the chunk's position ids, so a hook there names the positions every
 later call of that chunk works on. Attention and FFN calls of layer i are hooked as the call
 counters hook them (engine.counters); a K projection outside its layer's attention is POP's

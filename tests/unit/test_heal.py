@@ -194,3 +194,27 @@ def test_variants_without_a_healable_cache_are_refused(variant):
         heal_prompt(lm.adapter, torch.tensor([tiny_prompt(9)]), variant, (3, 4, 5), make("eager"))
     with pytest.raises(HealError, match="heal budget must read like"):
         parse_budget("fast")
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--heal", "budget"], "exactly one of"),
+    (["--heal", "budget", "--heal-budget", "1"], "never catch up"),
+    (["--heal", "budget", "--heal-budget", "fast"], "heal budget must read like"),
+    (["--heal", "eager", "--heal-budget", "8"], "applies to heal policy budget only"),
+    (["--heal", "eager", "--variants", "full,static"], "not static"),
+    (["--heal", "soon"], "invalid choice"),
+])
+def test_the_cli_refuses_bad_healing_in_one_line_before_loading_a_model(flags, words, capsys,
+                                                                        monkeypatch):
+    from pop_analysis import cli
+    from pop_analysis.commands import generate
+
+    def no_model(*_):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(generate, "load", no_model)
+    with pytest.raises(SystemExit) as done:
+        raise SystemExit(cli.main(["generate", "--prompt", "hi", *flags]))
+    assert done.value.code != 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and words in err[-1], err
