@@ -36,6 +36,7 @@ PAGES = (  # (file in pages/, title, icon, url path)
 st.set_page_config(page_title="POP Lab", page_icon="✂️", layout="wide",
                    initial_sidebar_state="collapsed" if links.presenting_link() else "auto")
 state.remember_inputs()
+widgets.start_run()
 links.apply_link()
 nav = st.navigation([st.Page(ROOT / "pages" / f, title=t, icon=i, url_path=u, default=(u == "overview"))
                      for f, t, i, u in PAGES])
@@ -57,6 +58,8 @@ if lm is not None:
 for line in jobs.running_summary():
     st.sidebar.caption(f"Running: {line}")
 query = links.write_link(skip, nav.url_path)
+if state.link_skip_error():
+    st.error(state.link_skip_error())
 st.sidebar.divider()
 presenter.toggle()
 report.button()

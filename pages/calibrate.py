@@ -22,14 +22,14 @@ n = lm.adapter.n_layers
 with st.container(border=True):
     picked = widgets.dataset_picker("cal")
     c = st.columns(5)
-    n_samples = c[0].number_input("Samples", 1, 1000, key=state.kept("cal.n", 8))
-    max_new = c[1].number_input("Response tokens", 1, 1024, key=state.kept("cal.len", 32))
-    seed = c[2].number_input("Seed", 0, 2**31 - 1, key=state.kept("cal.seed", 0))
-    loo = c[3].number_input("Exact LOO samples", 0, 64, key=state.kept("cal.loo", 0),
+    n_samples = widgets.number(c[0], "Samples", 1, 1000, key=state.kept("cal.n", 8))
+    max_new = widgets.number(c[1], "Response tokens", 1, 1024, key=state.kept("cal.len", 32))
+    seed = widgets.number(c[2], "Seed", 0, 2**31 - 1, key=state.kept("cal.seed", 0))
+    loo = widgets.number(c[3], "Exact LOO samples", 0, 64, key=state.kept("cal.loo", 0),
                             help="leave-one-layer-out on this many samples: the Taylor-vs-exact check")
     use_cache = c[4].checkbox("Use stored result", key=state.kept("cal.cache", True))
     busy = jobs.running("calibrate")
-    go = st.button("Run calibration", type="primary", key="cal.go", disabled=picked is None or busy)
+    go = st.button("Run calibration", type="primary", key="cal.go", disabled=picked is None or busy or widgets.refused())
     now = {"model": lm.name, "data": picked[2] if picked else None, "samples": int(n_samples),
            "response tokens": int(max_new), "seed": int(seed), "LOO samples": int(loo)}
     if go and picked is not None:

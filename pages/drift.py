@@ -51,10 +51,10 @@ with st.container(border=True):
                        help="pop_repair appears once a K/V repair is stored for this skip set "
                             "(Skip set page)")
     c = st.columns(3, vertical_alignment="bottom")
-    steps = c[0].number_input("Decode steps compared", 1, 64, key=state.kept("drift.steps", 8))
+    steps = widgets.number(c[0], "Decode steps compared", 1, 64, key=state.kept("drift.steps", 8))
     raw = widgets.raw_box(c[1], lm, "drift.raw")
     go = c[2].button("Measure drift", type="primary", key="drift.go",
-                     disabled=jobs.running("drift") or not prompt.strip())
+                     disabled=jobs.running("drift") or not prompt.strip() or widgets.refused())
     cfg = dr.DriftConfig(decode_steps=int(steps))
     now = {"prompt": prompt, "variant": variant, "skip set": describe(skip),
            "decode steps": int(steps), "raw": raw}

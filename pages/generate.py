@@ -45,14 +45,14 @@ variant = c[0].selectbox("Compare the full model with", offered, format_func=VAR
                               "(Skip set page)")
 mode = c[1].radio("Decoding", ("greedy", "sampling"), key=state.kept("gen.mode", "greedy"),
                   horizontal=True)
-max_new = c[2].number_input("New tokens", 1, 512, key=state.kept("gen.max_new", 32))
+max_new = widgets.number(c[2], "New tokens", 1, 512, key=state.kept("gen.max_new", 32))
 raw = widgets.raw_box(c[3], lm, "gen.raw")
 temperature, top_p, seed = 0.0, 1.0, 0
 if mode == "sampling":
     s = st.columns(3)
     temperature = s[0].slider("Temperature", 0.05, 2.0, key=state.kept("gen.temp", 0.7))
     top_p = s[1].slider("Top-p", 0.05, 1.0, key=state.kept("gen.top_p", 0.9))
-    seed = s[2].number_input("Seed", 0, 2**31 - 1, key=state.kept("gen.seed", 0))
+    seed = widgets.number(s[2], "Seed", 0, 2**31 - 1, key=state.kept("gen.seed", 0))
 cfg = SamplingConfig(max_new_tokens=int(max_new), temperature=temperature, top_p=top_p, seed=int(seed))
 run_skip = preset(variant, n) if variant in ("shallow", "interleaved") else skip
 st.caption(f"Skipped in prefill: layers {describe(run_skip)} ({len(run_skip)}/{n}); "
@@ -60,7 +60,7 @@ st.caption(f"Skipped in prefill: layers {describe(run_skip)} ({len(run_skip)}/{n
 now = {"prompt": prompt, "variant": SHORT[variant], "skip set": describe(run_skip),
        "decoding": mode if mode == "greedy" else f"sampling (T {temperature}, top-p {top_p}, seed {seed})",
        "new tokens": int(max_new), "raw": raw}
-clicked = st.button("Generate", type="primary", key="gen.go", disabled=not prompt.strip(),
+clicked = st.button("Generate", type="primary", key="gen.go", disabled=not prompt.strip() or widgets.refused(),
                     help=None if prompt.strip() else "type a prompt or pick an example first")
 
 left, right = st.columns(2)

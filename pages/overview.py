@@ -38,8 +38,10 @@ with st.container(border=True):
 spec = state.model_spec()
 rec = st.session_state.get(state.STEPTHROUGH)
 steps, about = None, None
-if rec is not None and rec.model == spec.name:
-    steps, about = rec.steps, f"your step-through of {rec.model}"
+if rec is not None and rec.model == spec.name:  # the session's: the user's run, or the example
+    shown = state.context_of(state.STEPTHROUGH).get(classmode.EXAMPLE)
+    steps, about = rec.steps, (shown.replace("Stored example", "the stored example", 1) if shown
+                               else f"your step-through of {rec.model}")
     tokens, n_layers = rec.tokens, rec.n_layers
 else:
     example, _ = classmode.stored(spec.name, "stepthrough", None, checked=False)

@@ -88,8 +88,8 @@ with st.container(border=True):
     st.subheader("Generate side by side")
     prompt = st.text_area("Prompt", key=state.kept("serve.prompt", "Why is the sky blue?"), height=90)
     c = st.columns([1, 1], vertical_alignment="bottom")
-    max_tokens = c[0].number_input("Max new tokens", 1, 512, key=state.kept("serve.max_tokens", 48))
-    if c[1].button("Generate", type="primary", key="serve.generate"):
+    max_tokens = widgets.number(c[0], "Max new tokens", 1, 512, key=state.kept("serve.max_tokens", 48))
+    if c[1].button("Generate", type="primary", key="serve.generate", disabled=widgets.refused()):
         with st.spinner("Generating through both engines ..."):
             serve_engines.generate(s, prompt, int(max_tokens))
         st.rerun()
@@ -108,20 +108,20 @@ with st.container(border=True):
 with st.container(border=True):
     st.subheader("Load test: full against POP, alternated")
     c = st.columns([1, 1, 1, 1, 2], vertical_alignment="bottom")
-    n_req = c[0].number_input("Requests", 1, 256, key=state.kept("serve.requests", 16))
-    n_in = c[1].number_input("Prompt tokens", 16, 3800, key=state.kept("serve.input_len", 512))
-    n_out = c[2].number_input("Output tokens", 2, 256, key=state.kept("serve.output_len", 32))
-    rounds = c[3].number_input("Rounds", 3, 10, key=state.kept("serve.rounds", 3))
+    n_req = widgets.number(c[0], "Requests", 1, 256, key=state.kept("serve.requests", 16))
+    n_in = widgets.number(c[1], "Prompt tokens", 16, 3800, key=state.kept("serve.input_len", 512))
+    n_out = widgets.number(c[2], "Output tokens", 2, 256, key=state.kept("serve.output_len", 32))
+    rounds = widgets.number(c[3], "Rounds", 3, 10, key=state.kept("serve.rounds", 3))
     rates = c[4].multiselect("Request rates (req/s)", [0.5, 1.0, 2.0, 4.0, 8.0, math.inf],
                              key=state.kept("serve.rates", [2.0, math.inf]),
                              format_func=lambda r: "all at once" if math.isinf(r) else f"{r:g}")
-    cap = st.number_input("At most this many requests in flight (0: no cap)", 0, 256,
-                          key=state.kept("serve.concurrency", 0))
+    cap = widgets.number(st, "At most this many requests in flight (0: no cap)", 0, 256,
+                         key=state.kept("serve.concurrency", 0))
     now = {"requests": int(n_req), "prompt tokens": int(n_in), "output tokens": int(n_out),
            "rates": sorted(rates), "rounds": int(rounds), "cap": int(cap),
            "skip set": describe(s.spec.skip), "variant": s.spec.variant}
     if st.button("Run the load test", type="primary", key="serve.bench",
-                 disabled=not rates or jobs.running("serve_bench")):
+                 disabled=not rates or jobs.running("serve_bench") or widgets.refused()):
         try:
             specs = [LoadSpec(int(n_req), int(n_in), int(n_out), r, int(cap) or None).check(
                 s.spec.max_model_len) for r in sorted(rates)]
@@ -133,7 +133,7 @@ with st.container(border=True):
 rows = st.session_state.get(serve_engines.BENCH)
 if rows:
     widgets.made_from(serve_engines.BENCH, now, "Run the load test")
-    st.dataframe(serve_engines.table(rows), hide_index=True, key="serve.table")
+    widgets.table(serve_engines.table(rows), hide_index=True, key="serve.table")
     figures = {"speedup": serve_charts.speedup_chart(rows),
                "ttft_cdf": serve_charts.latency_cdf(rows),
                "tpot": serve_charts.tpot_box(rows),

@@ -14,20 +14,25 @@ from pop_analysis.inspection import stepthrough as stp
 from pop_analysis.progress import duration
 
 st.title("Step through POP")
-st.markdown("A short prompt goes through the **full model** and through **POP**, step by step. "
-            "Each step shows which layer ran what on which token, the K/V cells it wrote, its "
-            "share of the FLOPs and its time on this machine; both models run on one clock. "
-            "Everything drawn was recorded from a run of the loaded model (hooks on its own "
-            "modules; a test holds the grid equal to the engine's call counters).")
+present = state.presenting()  # the grid and the clock on the first screen; the rest below them
+if not present:
+    st.markdown("A short prompt goes through the **full model** and through **POP**, step by "
+                "step. Each step shows which layer ran what on which token, the K/V cells it "
+                "wrote, its share of the FLOPs and its time on this machine; both models run on "
+                "one clock. Everything drawn was recorded from a run of the loaded model (hooks "
+                "on its own modules; a test holds the grid equal to the engine's call counters, "
+                "which count the matmuls themselves).")
 
 lm = widgets.model_or_stop()
 n = lm.adapter.n_layers
 skip = state.skip_for(n)
 
-box = st.expander("Record another prompt") if state.presenting() else st.container(border=True)
-with box:  # the presenter's view keeps the controls folded away
+box = st.container(border=True) if not present else None
+player = st.container()
+box = box or st.expander("Record another prompt")  # the presenter's view: folded, below
+with box:
     c = st.columns([4, 1], vertical_alignment="bottom")
-    prompt = c[0].text_input("Prompt (6-12 tokens read best; no chat template)",
+    prompt = c[0].text_input("Prompt (2-48 tokens, no chat template; POP gains visibly from ~30)",
                              key=state.kept("step.prompt", STEP))
     now = {"prompt": prompt, "skip set": describe(skip)}
     go = c[1].button("Record this prompt", type="primary", key="step.go",
@@ -51,16 +56,22 @@ with box:  # the presenter's view keeps the controls folded away
 
 rec = st.session_state.get(state.STEPTHROUGH)
 if rec is None:
-    st.info("No step-through yet: record one above.")
+    player.info("No step-through yet: record one above.")
     st.stop()
-st.subheader(f"{rec.model} · '{rec.prompt}' ({len(rec.prompt_ids)} tokens) · skipped "
+with player:
+    about = (f"{rec.model} · '{rec.prompt}' ({len(rec.prompt_ids)} tokens) · skipped "
              f"{describe(rec.skip_layers)}")
-widgets.made_from(state.STEPTHROUGH, now, "Record this prompt")
-frames = stp.frames(rec.steps)
-i = stepthrough_player.current(len(frames))
-stepthrough_player.controls(i, len(frames), frames[i]["title"])
-figures = stepthrough_player.frame(rec, frames[i])
-classmode.offer_back("stepthrough", lm.name, n)
+    if not present:
+        st.subheader(about)
+        widgets.made_from(state.STEPTHROUGH, now, "Record this prompt")
+    frames = stp.frames(rec.steps)
+    i = stepthrough_player.current(len(frames))
+    stepthrough_player.controls(i, len(frames), frames[i]["title"])
+    figures = stepthrough_player.frame(rec, frames[i])
+    if present:
+        st.caption(about)
+        widgets.made_from(state.STEPTHROUGH, now, "Record this prompt")
+    classmode.offer_back("stepthrough", lm.name, n)
 exports.offer("stepthrough", data=rec.to_dict(), figures=figures,
               rows=[{"run": s["run"], "stage": s["stage"], "time_ms": s["time_ms"],
                      "flops": s["flops"], "token": (s["token"] or [None, ""])[1]} for s in rec.steps])

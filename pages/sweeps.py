@@ -30,17 +30,17 @@ calib = st.session_state.get(state.CALIBRATION)
 with st.expander("Run a sweep", expanded=jobs.running("sweep")):
     c = st.columns(5)
     kind = c[0].selectbox("Sweep", list(KINDS), format_func=KINDS.get, key=state.kept("sw.kind", "ratio"))
-    n_samples = c[1].number_input("Samples", 1, 1319, key=state.kept("sw.n", sw.DEFAULT_SAMPLES),
+    n_samples = widgets.number(c[1], "Samples", 1, 1319, key=state.kept("sw.n", sw.DEFAULT_SAMPLES),
                                   help="items per variant; the default gives POP's NLL difference "
                                        "on GSM8K a 95% interval narrower than 0.05 nats")
-    max_new = c[2].number_input("New tokens", 1, 256, key=state.kept("sw.len", 16))
-    repeats = c[3].number_input("Timing rounds (at least)", 3, 50, key=state.kept("sw.rep", 3))
+    max_new = widgets.number(c[2], "New tokens", 1, 256, key=state.kept("sw.len", 16))
+    repeats = widgets.number(c[3], "Timing rounds (at least)", 3, 50, key=state.kept("sw.rep", 3))
     dataset = c[4].text_input("Data set", key=state.kept("sw.data", "gsm8k"),
                               help="gsm8k, wizardlm, builtin, a path")
     with_repair = kv_repair.sweep_option(lm, kind)  # {} unless pop_repair rows are asked for
     now = {"sweep": kind, "data set": dataset, "samples": int(n_samples),
            "new tokens": int(max_new), "timing rounds": int(repeats), **with_repair}
-    if st.button("Run sweep", type="primary", key="sw.go", disabled=jobs.running("sweep")):
+    if st.button("Run sweep", type="primary", key="sw.go", disabled=jobs.running("sweep") or widgets.refused()):
         cfg = sw.SweepConfig(dataset=dataset, n_samples=int(n_samples), max_new_tokens=int(max_new),
                              repeats=int(repeats), **with_repair)
         try:
@@ -125,12 +125,12 @@ else:
     if compare and len(compare[0]) > 2:  # some metric has a paired difference from the full model
         st.markdown("**Quality against the full model** (variant − full, paired over the same "
                     "items, 95% interval; an interval that includes 0 is *no measurable change*)")
-        st.dataframe(compare, hide_index=True, key="sw.compare")
+        widgets.table(compare, hide_index=True, key="sw.compare")
     frame = res.to_frame()
     if res.kind == "ablation" and "variant" in frame:
         paper = sw.paper_frame("table3").add_prefix("paper ")
         frame = frame.join(paper, on="variant")
-    st.dataframe(generate_speed.sweep_table(frame, res.kind), hide_index=True, key="sw.table")
+    widgets.table(generate_speed.sweep_table(frame, res.kind), hide_index=True, key="sw.table")
     st.caption("The speedup is the median of per-round ratios (full and variant timed back to "
                "back); ttft columns are each side's median: noisy rounds (flagged) can part them.")
     exports.offer("sweep", data=res.to_dict(), rows=rows, figures={"chart": fig} if fig else None)
@@ -139,7 +139,7 @@ st.subheader("The paper's numbers")
 for name in ("table4", "table3", "table2", "table1"):
     table = sw.PAPER_TABLES[name]
     with st.expander(f"{name}: {table['title']}", expanded=res is not None and PAPER_FOR.get(res.kind) == name):
-        st.dataframe(sw.paper_frame(name), key=f"sw.paper.{name}")
+        widgets.table(sw.paper_frame(name), key=f"sw.paper.{name}")
         for note in ("note", "static"):
             if note in table:
                 st.caption(table[note])

@@ -92,7 +92,8 @@ def step_grid(step: dict, earlier: list[dict], n_layers: int, labels: list[str],
                          ("written earlier (faint)", alpha(PREFILL, 0.35))):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=14, color=colour)))
-    fig.update_xaxes(tickangle=-60, type="category")
+    fig.update_xaxes(tickangle=-60, type="category",  # a 40-token prompt still gets every label
+                     tickfont=dict(size=14 if width <= 20 else 12))
     fig.update_yaxes(title="layer", row=1, col=1, dtick=1 if n_layers <= 32 else 4)
     layout(fig, title, height=max(420, 18 * n_layers + 200), plot_bgcolor="white",
            legend=dict(orientation="h", y=-0.28))
@@ -105,9 +106,10 @@ def ttft_ms(steps: list[dict], run: str) -> float:
     return sum(s["time_ms"] for s in steps if s["run"] == run and s["stage"] in ("prefill", "boundary"))
 
 
-def clock(steps: list[dict], shown: dict) -> go.Figure:
-    """Full and POP on one clock: each step a bar from its start to its end (medians of the timed
-    rounds); the shown step in full colour, the others faint; each run's first token marked."""
+def clock(steps: list[dict], shown: dict, bars: str = "a step of its run's median round") -> go.Figure:
+    """Full and POP on one clock: each step a bar from its start to its end (`bars` says which
+    time: the steps of each run's median round, so the first-token marks are the median TTFTs);
+    the shown step in full colour, the others faint; each run's first token marked."""
     fig = go.Figure()
     names = {run: f"{label}<br>first token {ttft_ms(steps, run):.0f} ms"
              for run, label in (("full", "full model"), ("pop", "POP"))}
@@ -126,7 +128,7 @@ def clock(steps: list[dict], shown: dict) -> go.Figure:
         t = ttft_ms(steps, run)
         fig.add_shape(type="line", x0=t, x1=t, y0=row - 0.48, y1=row + 0.48,
                       line=dict(color="black", width=3, dash="dot"))
-    fig.update_xaxes(title="milliseconds since the prompt went in (each bar: the step's median)",
+    fig.update_xaxes(title=f"milliseconds since the prompt went in (each bar: {bars})",
                      rangemode="tozero")
     fig.update_yaxes(categoryorder="array", categoryarray=[names["pop"], names["full"]])
     return layout(fig, "One clock for both models (dotted: the first token)", height=280,

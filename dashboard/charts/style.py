@@ -27,14 +27,18 @@ def layout(fig: go.Figure, title: str, height: int = 360, **kw) -> go.Figure:
     return fig
 
 
-def for_projector(fig: go.Figure) -> go.Figure:
-    """The same figure for a projector: larger type, thicker lines, a taller plot."""
+def for_projector(fig: go.Figure, height: int | None = None, title: bool = True) -> go.Figure:
+    """The same figure for a projector: larger type, thicker lines, a taller plot (or `height`
+    pixels, for a page that must fit one screen; without the title where the page says it)."""
     fig = go.Figure(fig)
     scale = PROJECTOR_FONT / FONT["size"]
     fig.update_layout(font=dict(size=PROJECTOR_FONT, color="#111"),
                       title_font=dict(size=round(17 * scale)),
-                      height=round((fig.layout.height or 360) * 1.25),
-                      margin=dict(l=80, r=30, t=100, b=70))
+                      height=height or round((fig.layout.height or 360) * 1.25),
+                      margin=dict(l=80, r=30, t=(100 if height is None else 70) if title else 40,
+                                  b=70))
+    if not title:
+        fig.update_layout(title_text=None)
     fig.update_annotations(font_size=PROJECTOR_FONT - 2)
     for trace in fig.data:
         if trace.type == "scatter" and trace.line is not None and trace.line.width:

@@ -77,8 +77,8 @@ def side_by_side(res, res_b, figures: dict) -> None:
               **{drift_charts.COSINE_NAMES[q]: r.block_means()[f"{q}_cos"] for q in drift_charts.COSINES},
               "mean KL (nats)": sum(r.kl) / len(r.kl) if r.kl else None}
              for name, r in (("A", res), ("B", res_b))]
-    st.dataframe(table, hide_index=True, key="drift.cmp.table",
-                 column_config={c: st.column_config.NumberColumn(format="%.3f")
-                                for c in list(table[0])[3:]})
+    widgets.table(table, hide_index=True, key="drift.cmp.table",
+                  column_config={c: st.column_config.NumberColumn(format="%.3f")
+                                 for c in list(table[0])[3:]})
     st.caption("Means over each run's skipped block; the two charts share one y axis.")
     st.button("Clear B", key="drift.unpin", on_click=lambda: st.session_state.pop(state.DRIFT_B, None))

@@ -39,9 +39,21 @@ def measure(lm: LoadedModel, spec_key: tuple, prompt_ids: list[int], variant: st
         note.empty()
 
 
+def flags(p: PrefillSpeed) -> list[str]:
+    """Why the speedup is not a figure to quote: the protocol's reasons, and the median of the
+    per-round ratios disagreeing with the ratio of the median TTFTs shown beside it."""
+    t = p.timing
+    of_medians = t.full_median_ms / t.variant_median_ms
+    out = list(t.reasons) if t.reasons else ([t.note] if t.note else [])
+    if (of_medians - 1) * (p.speedup - 1) < 0 or not t.low <= of_medians <= t.high:
+        out.append(f"the median TTFTs give {of_medians:.2f}×, outside the rounds' IQR "
+                   f"{t.low:.2f}–{t.high:.2f}×")
+    return out
+
+
 def headline(p: PrefillSpeed) -> str:
     """The speedup as shown: a flagged one never reads as a plain number."""
-    return f"{p.speedup:.2f}×" if p.timing.trustworthy else f"⚠ {p.speedup:.2f}×"
+    return f"⚠ {p.speedup:.2f}×" if flags(p) else f"{p.speedup:.2f}×"
 
 
 def show(p: PrefillSpeed, where=None, name: str = "variant") -> None:
@@ -52,7 +64,7 @@ def show(p: PrefillSpeed, where=None, name: str = "variant") -> None:
     m = where.columns(4)
     m[0].metric("TTFT full (median)", f"{t.full_median_ms:.0f} ms")
     m[1].metric(f"TTFT {name} (median)", f"{t.variant_median_ms:.0f} ms")
-    m[2].metric("Prefill speedup" if t.trustworthy else "Prefill speedup (flagged)", headline(p),
+    m[2].metric("Prefill speedup (flagged)" if flags(p) else "Prefill speedup", headline(p),
                 f"IQR {t.low:.2f}–{t.high:.2f}× · {t.rounds} rounds", delta_color="off",
                 delta_arrow="off", help=f"Median of the per-round ratios full / {name}; the "
                 "delta line gives their interquartile range and the number of rounds.")
@@ -61,8 +73,9 @@ def show(p: PrefillSpeed, where=None, name: str = "variant") -> None:
                 f"{p.speedup / p.roofline_speedup:.0%} of them", delta_color="off",
                 delta_arrow="off")
     where.caption(one_story(p, name))
-    if not t.trustworthy:
-        where.warning(f"Speed not trustworthy: {t.note}. Re-measure when the machine is quieter.")
+    if flags(p):
+        where.warning(f"Speed not trustworthy: {'; '.join(flags(p))}. Re-measure when the machine "
+                      "is quieter.")
     where.caption(
         f"TTFT (prompt in → first token, boundary step included) from the timing protocol on this "
         f"prompt ({p.tokens} tokens): {t.rounds} rounds of full and variant, order swapped every "

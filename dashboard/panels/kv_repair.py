@@ -99,8 +99,8 @@ def skip_set_panel(lm: LoadedModel, skip) -> None:
     data = c[0].selectbox("Calibration data", list(DATA), format_func=lambda k: DATA[k][0],
                           key="repair.data")
     base = DATA[data][1]
-    samples = c[1].number_input("Prompts", 8, 1000, base.n_samples, key=f"repair.n.{data}")
-    go = c[2].button("Fit repair", type="primary", key="repair.go", disabled=block is None,
+    samples = widgets.number(c[1], "Prompts", 8, 1000, value=base.n_samples, key=f"repair.n.{data}")
+    go = c[2].button("Fit repair", type="primary", key="repair.go", disabled=block is None or widgets.refused(),
                      help="reuses a stored repair fitted on the same data and settings")
     if go and block is not None:
         _fit(lm, block, dataclasses.replace(base, n_samples=int(samples)))
@@ -111,7 +111,7 @@ def skip_set_panel(lm: LoadedModel, skip) -> None:
     mib = sum(p.numel() * p.element_size() for p in lm.model.parameters()) / 2**20
     st.markdown(f"**Stored repairs for this model** ({len(rows)}; the model itself holds "
                 f"{mib:.0f} MiB)")
-    st.dataframe([_row(r, skip) for r in rows], hide_index=True, key="repair.table")
+    widgets.table([_row(r, skip) for r in rows], hide_index=True, key="repair.table")
     st.caption("R² of the last skipped layer's K and V on the calibration tokens: plain POP's "
                "projection → the fitted map (leave-one-out). Memory: the maps in float32.")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.charts import methods as charts
+from dashboard.panels import widgets
 from dashboard.panels.methods_scores import _use, titles
 from dashboard.session import jobs, state
 from pop_analysis.engine.models import LoadedModel
@@ -26,12 +27,12 @@ def form(lm: LoadedModel, res) -> None:
                                   help="block: one contiguous block; free: any layers")
         data = c[2].text_input("Held-out items", key=state.kept("cmp.data", "gsm8k"),
                                help="gsm8k (reference answers), wizardlm, a .jsonl path")
-        n = c[3].number_input("Items", 2, 1319, key=state.kept("cmp.n", 16))
-        seeds = c[4].number_input("Random draws", 0, 20, key=state.kept("cmp.seeds", 3))
+        n = widgets.number(c[3], "Items", 2, 1319, key=state.kept("cmp.n", 16))
+        seeds = widgets.number(c[4], "Random draws", 0, 20, key=state.kept("cmp.seeds", 3))
         speed = st.checkbox("Time each set's prefill (the timing protocol)", key=state.kept("cmp.speed", False))
         now = {"importance": f"{res.dataset}, n = {res.n_samples}", "items": f"{data} × {int(n)}",
                "budgets": ", ".join(f"{b:.0%}" for b in budgets)}
-        if st.button("Compare", type="primary", key="cmp.go", disabled=jobs.running(JOB)):
+        if st.button("Compare", type="primary", key="cmp.go", disabled=jobs.running(JOB) or widgets.refused()):
             try:
                 cfg = mc.CompareConfig(budgets=tuple(sorted(budgets)), shapes=tuple(shapes),
                                        dataset=data.strip(), n_samples=int(n), random_seeds=int(seeds),
@@ -74,5 +75,5 @@ def show(lm: LoadedModel, res) -> dict:
     shown = ("method", "budget", "shape", "k", "set", "continuation_nll_delta", "continuation_nll_delta_ci",
              "next_token_kl", "next_token_top1", "ideal_speedup", "prefill_speedup", "timing_trustworthy",
              "jaccard_dropone")
-    st.dataframe([{k: r.get(k) for k in shown} for r in cmp.rows], hide_index=True)
+    widgets.table([{k: r.get(k) for k in shown} for r in cmp.rows], hide_index=True)
     return figs

@@ -25,16 +25,16 @@ def form(lm: LoadedModel) -> None:
         methods = c[0].multiselect("Methods", list(METHODS), format_func=lambda m: METHODS[m].title,
                                    key=state.kept("imp.methods", list(METHODS)),
                                    help="drop-one is the expensive one: a forward per layer")
-        n = c[1].number_input("Prompts", 1, 1000, key=state.kept("imp.n", 8),
+        n = widgets.number(c[1], "Prompts", 1, 1000, key=state.kept("imp.n", 8),
                               help="the same prompts for every method")
-        tokens = c[2].number_input("New tokens", 1, 256, key=state.kept("imp.tokens", 16),
+        tokens = widgets.number(c[2], "New tokens", 1, 256, key=state.kept("imp.tokens", 16),
                                    help="gate: sampled response bound; drop-one: continuation scored")
         use_cache = c[3].checkbox("Use stored results", key=state.kept("imp.cache", True))
         raw = widgets.raw_box(st, lm, "imp.raw")
         now = {"model": lm.name, "data": picked[2] if picked else None, "methods": ", ".join(methods),
                "prompts": int(n), "new tokens": int(tokens)}
         go = st.button("Rank the layers", type="primary", key="imp.go",
-                       disabled=picked is None or jobs.running(JOB))
+                       disabled=picked is None or jobs.running(JOB) or widgets.refused())
         if go and picked is not None:
             _start(lm, picked, methods, int(n), int(tokens), raw, use_cache, now)
         jobs.panel(JOB)

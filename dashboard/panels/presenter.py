@@ -21,7 +21,7 @@ BASE_CSS = """<style>
 </style>"""
 PRESENT_CSS = """<style>
 html { font-size: 21px; }
-[data-testid="stMainBlockContainer"] { max-width: 100%; padding: 1.2rem 2.4rem 4rem 2.4rem; }
+[data-testid="stMainBlockContainer"] { max-width: 100%; padding: 3.4rem 2.4rem 4rem 2.4rem; }
 [data-testid="stCaptionContainer"], [data-testid="stCaptionContainer"] p
   { color: #222; font-size: 0.9rem; }
 h1 { font-size: 2.2rem !important; }
@@ -31,7 +31,11 @@ KEYS_JS = """<script>
 (function () {
   if (window.__popLabKeys) return;
   window.__popLabKeys = true;
-  const typing = el => el && (["INPUT", "TEXTAREA", "SELECT"].includes(el.tagName)
+  // A box the user types into keeps its keys; a toggle, checkbox, radio or button that was
+  // just clicked (the presenter's switch itself) does not: it takes no typed keys.
+  const notTyped = ["checkbox", "radio", "button", "submit", "reset", "range", "file"];
+  const typing = el => el && ((el.tagName === "INPUT" && !notTyped.includes(el.type))
+                              || ["TEXTAREA", "SELECT"].includes(el.tagName)
                               || el.isContentEditable);
   const press = key => {
     const b = document.querySelector(".st-key-" + key + " button");
@@ -90,10 +94,14 @@ def apply() -> None:
         st.sidebar.html(COLLAPSE_JS, unsafe_allow_javascript=True)
 
 
-def plot(fig, key: str, where=None, **kw) -> None:
-    """st.plotly_chart with the chart sized for a projector in the presenter's view, and the mode
-    bar shown on hover only, below the title's line."""
+def plot(fig, key: str, where=None, projector_height: int | None = None, title: bool = True,
+         projector_layout: dict | None = None, **kw) -> None:
+    """st.plotly_chart with the chart sized for a projector in the presenter's view (at
+    `projector_height` pixels where a page must fit a screen, without its title where the page
+    already says it, with `projector_layout` on top), and the mode bar shown on hover only,
+    below the title's line."""
     if state.presenting():
-        fig = for_projector(fig)
+        fig = for_projector(fig, projector_height, title)
+        fig.update_layout(projector_layout or {})
     kw.setdefault("config", {"displaylogo": False})
     (where or st).plotly_chart(fig, key=key, **kw)

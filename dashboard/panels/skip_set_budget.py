@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.charts import methods as charts
-from dashboard.panels import exports
+from dashboard.panels import exports, widgets
 from dashboard.panels.methods_scores import _use
 from dashboard.session import cached, jobs, state
 from pop_analysis.engine.models import LoadedModel
@@ -28,20 +28,21 @@ def section(lm: LoadedModel) -> None:
                "interval's bound stays inside it (not the mean).")
     c = st.columns(4)
     use_nll = c[0].checkbox("Largest ΔNLL", key=state.kept("bud.use_nll", True))
-    max_nll = c[0].number_input("nats/token (upper bound)", 0.0, 10.0, step=0.01, format="%.3f",
-                                key=state.kept("bud.nll", 0.1), disabled=not use_nll)
+    max_nll = widgets.number(c[0], "nats/token (upper bound)", 0.0, 10.0, step=0.01, format="%.3f",
+                            key=state.kept("bud.nll", 0.1), disabled=not use_nll)
     use_top1 = c[1].checkbox("Smallest top-1 agreement", key=state.kept("bud.use_top1", False))
-    min_top1 = c[1].number_input("share (lower bound)", 0.01, 1.0, step=0.01, format="%.2f",
-                                 key=state.kept("bud.top1", 0.9), disabled=not use_top1)
+    min_top1 = widgets.number(c[1], "share (lower bound)", 0.01, 1.0, step=0.01, format="%.2f",
+                              key=state.kept("bud.top1", 0.9), disabled=not use_top1)
     method = c[2].selectbox("Ranking of", list(METHODS), format_func=lambda m: METHODS[m].title,
                             key=state.kept("bud.method", "gate"))
     shape = c[2].radio("Shape", SHAPES, horizontal=True, key=state.kept("bud.shape", "free"))
-    items = c[3].number_input("Held-out GSM8K items", 2, 1319, key=state.kept("bud.n", 16))
-    prompts = c[3].number_input("Ranking prompts (built-in)", 1, 200, key=state.kept("bud.rank_n", 8),
-                                help="used when the Methods page holds no run of this method")
-    most = c[1].number_input("Most sets measured", 1, 100, key=state.kept("bud.most", 24),
-                             help="the search stops after this many candidates")
-    if st.button("Find the largest set", type="primary", key="bud.go", disabled=jobs.running(JOB)):
+    items = widgets.number(c[3], "Held-out GSM8K items", 2, 1319, key=state.kept("bud.n", 16))
+    prompts = widgets.number(c[3], "Ranking prompts (built-in)", 1, 200,
+                             key=state.kept("bud.rank_n", 8), help="used when the Methods page holds no run of this method")
+    most = widgets.number(c[1], "Most sets measured", 1, 100, key=state.kept("bud.most", 24),
+                          help="the search stops after this many candidates")
+    if st.button("Find the largest set", type="primary", key="bud.go",
+                 disabled=jobs.running(JOB) or widgets.refused()):
         try:
             budget = ch.Budget(max_nll if use_nll else None, min_top1 if use_top1 else None)
             cfg = ch.ChooseConfig(method=method, shape=shape, n_samples=int(items),
@@ -81,7 +82,8 @@ def show(lm: LoadedModel, n: int) -> None:
     res = st.session_state.get(state.CHOICE)
     if res is None:
         return
-    (st.success if res.met else st.warning)(res.note)
+    # the line from the result's own fields: a result stored before the speed flags read plain
+    (st.success if res.met else st.warning)(ch.outcome_line(res, ch.Budget(**res.budget)))
     fig = charts.candidates_chart(res.candidates, res.budget.get("max_delta_nll"), res.chosen)
     st.plotly_chart(fig, key="bud.chart")
     layers = res.chosen if res.met else (res.best_found or {}).get("skip_layers", [])
@@ -92,5 +94,5 @@ def show(lm: LoadedModel, n: int) -> None:
     rows = [{k: c.get(k) for k in ("phase", "k", "set", "continuation_nll_delta",
                                    "continuation_nll_delta_ci", "next_token_top1",
                                    "next_token_top1_ci", "meets")} for c in res.candidates]
-    st.dataframe(rows, hide_index=True)
+    widgets.table(rows, hide_index=True)
     exports.offer("budgeted_choice", data=res.to_dict(), rows=rows, figures={"candidates": fig})

@@ -10,6 +10,7 @@ import streamlit as st
 
 from dashboard.charts import stepthrough as step_charts
 from dashboard.panels import presenter
+from dashboard.session import state
 from pop_analysis.engine.skipset import describe
 from pop_analysis.inspection.step_frames import position_tokens
 
@@ -18,6 +19,10 @@ PLAYING = "step.playing"
 MOVED = "step.moved_at"  # when the frame last changed (the player waits PLAY_S after it)
 URL_READ = "step.url_read"
 PLAY_S = 2.5  # seconds per frame while playing
+GRID_PX, CLOCK_PX = 410, 220  # the presenter's view: both on one 1440x900 screen, under the buttons
+# there: the legend beside the grids (not under them), every fifth layer named
+GRID_LAYOUT = {"legend": dict(orientation="v", x=1.01, y=1, yanchor="top", font_size=16),
+               "yaxis_dtick": 5, "margin_r": 200, "margin_b": 100}
 
 
 def current(n_frames: int) -> int:
@@ -84,6 +89,15 @@ def frame(rec, f: dict) -> dict:
     """One frame: its explanation, the numbers of the step, the grid, the clock, the candidates.
     Returns the figures drawn (for the downloads)."""
     shown, beside = f["shown"], f["beside"]
+    labels = step_charts.position_labels(rec.tokens, position_tokens(rec.steps))
+    figures = {"grid": step_charts.step_grid(shown, f["earlier"], rec.n_layers, labels, f["title"]),
+               "clock": step_charts.clock(rec.steps, shown, "a step of its run's median round"
+                                          if "clock" in rec.ttft else "the step's median")}
+    if state.presenting():  # the first screen of a projector: the grid and the clock
+        presenter.plot(figures["grid"], key="step.grid", projector_height=GRID_PX, title=False,
+                       projector_layout=GRID_LAYOUT)
+        presenter.plot(figures["clock"], key="step.clock", projector_height=CLOCK_PX,
+                       projector_layout={"margin_b": 60})
     st.caption(f["explain"])
     full, kv, written = cells(shown)
     m = st.columns(4)
@@ -97,14 +111,12 @@ def frame(rec, f: dict) -> dict:
                 "layer that ran on it", delta_color="off", delta_arrow="off")
     who = "POP" if shown["run"] == "pop" else "full"
     m[3].metric(f"Time on this machine ({who})", f"{shown['time_ms']:.0f} ms",
-                f"median of {len(shown['times_ms'])} rounds" + (
+                f"{clock_name(rec)} of {len(shown['times_ms'])}" + (
                     f" · full: {beside['time_ms']:.0f} ms" if beside is not None else ""),
                 delta_color="off", delta_arrow="off")
-    labels = step_charts.position_labels(rec.tokens, position_tokens(rec.steps))
-    figures = {"grid": step_charts.step_grid(shown, f["earlier"], rec.n_layers, labels, f["title"]),
-               "clock": step_charts.clock(rec.steps, shown)}
-    presenter.plot(figures["grid"], key="step.grid")
-    presenter.plot(figures["clock"], key="step.clock")
+    if not state.presenting():
+        presenter.plot(figures["grid"], key="step.grid")
+        presenter.plot(figures["clock"], key="step.clock")
     speed_line(rec)
     if shown["top"]:
         pair = [beside, shown] if beside is not None and beside["top"] else [shown]
@@ -115,16 +127,41 @@ def frame(rec, f: dict) -> dict:
     return figures
 
 
+def clock_name(rec) -> str:
+    """What one bar is: a step of its run's median round (a record made before: the step's median)."""
+    return "its run's median round" if "clock" in rec.ttft else "median"
+
+
 def speed_line(rec) -> None:
-    """One speed story: the TTFTs, their ratio by the timing protocol, and why a short prompt
-    gains little."""
-    t = rec.ttft
-    flag = "" if t["trustworthy"] else f" ⚠ flagged: {t['note']}."
+    """One speed story: the first-token times the clock marks, their ratio by the timing protocol,
+    a warning when the protocol flags it, and what the prompt's length allows."""
+    t, n = rec.ttft, len(rec.tokens)
+    if not t["trustworthy"]:
+        st.warning(f"⚠ Speed flagged, not a figure to quote: {t['note']}. Record again when the "
+                   "machine is quieter.")
+    if "clock" in rec.ttft:
+        bars = (f"The clock draws each model's median round (the round whose first token came at "
+                f"the median time), so its dotted marks are these two medians.")
+    else:
+        bars = ("The bars are each step's median over the rounds (recorded before the clock drew "
+                "the median round), so they need not add up to the medians above.")
+    flag = "⚠ " if not t["trustworthy"] else ""
     st.caption(
         f"First token: full {t['full_ms']:.0f} ms, POP {t['pop_ms']:.0f} ms (medians of "
-        f"{t['rounds']} rounds, full and POP back to back, order swapped each round); speedup "
-        f"{t['speedup']:.2f}× (median of the per-round ratios, IQR {t['low']:.2f}–{t['high']:.2f}×; "
-        f"the FLOP ideal at {len(rec.tokens)} tokens is {rec.ideal_speedup:.2f}×).{flag} The bars "
-        f"are each step's median. A prompt this short gains little: the boundary step reads the "
-        f"weights of layers {describe(rec.skip_layers)} again for one token, and the embedding "
-        "and lm_head cost the same in both; the Sweeps page shows the gain at 512 tokens.")
+        f"{t['rounds']} rounds, full and POP back to back, order swapped each round). {bars} "
+        f"Speedup {flag}{t['speedup']:.2f}× is the median of the per-round ratios (IQR "
+        f"{t['low']:.2f}–{t['high']:.2f}×), which cancels drift between rounds; the ratio of the "
+        f"two medians is {t['full_ms'] / t['pop_ms']:.2f}×. The FLOP ideal at {n} tokens is "
+        f"{rec.ideal_speedup:.2f}×. " + length_line(rec))
+
+
+def length_line(rec) -> str:
+    """Why this prompt's length gains what it gains."""
+    n = len(rec.tokens)
+    shared = (f"the boundary step reads the weights of layers {describe(rec.skip_layers)} again for "
+              "one token, and the embedding and lm_head cost the same in both")
+    if n < 24:
+        return (f"A prompt of {n} tokens gains little: {shared}; from about 30 tokens on POP's "
+                "first token comes visibly earlier (the Sweeps page shows 512 tokens).")
+    return (f"At {n} tokens the pruned layers' work outweighs what both share ({shared}), so POP's "
+            "first token comes earlier; the Sweeps page shows the gain at 512 tokens.")

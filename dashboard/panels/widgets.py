@@ -32,6 +32,54 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_ERRORS = (ValueError, OSError, RuntimeError)  # ModelLoadError is a RuntimeError
 
 
+# ---------- numbers ----------
+
+REFUSED = "lab.refused_inputs"  # labels of the numbers refused in this script run
+
+
+def number(where, label: str, low, high, key: str, **kw):
+    """A number box that refuses an out-of-range value where it is typed: the value is kept as
+    typed (no silent return to the last valid one), a one-line error stands under the box, and
+    `refused()` is true for the rest of the run, so the page's Run button is disabled."""
+    value = where.number_input(label, key=key, **kw)  # no min/max: the browser would keep the old
+    if value is None or not low <= value <= high:
+        got = "nothing" if value is None else f"{value:g}"
+        where.error(f"{label} must lie in {low:g}..{high:g}; got {got}. Nothing runs until it does.")
+        st.session_state.setdefault(REFUSED, []).append(label)
+    return value
+
+
+def refused() -> bool:
+    """Whether a number on this page was refused in this run."""
+    return bool(st.session_state.get(REFUSED))
+
+
+def start_run() -> None:
+    """Every script run starts with no refused number (app.py, before the page)."""
+    st.session_state[REFUSED] = []
+
+
+# ---------- tables ----------
+
+def rounded(value, digits: int = 4):
+    """Floats to `digits` significant digits, through lists, dicts and data frames: a table reads
+    1.234, not 1.2340594137714023."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if value == value else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(rounded(v, digits) for v in value)
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if hasattr(value, "map") and hasattr(value, "columns"):  # a pandas DataFrame
+        return value.map(lambda v: rounded(v, digits))
+    return value
+
+
+def table(data, where=None, **kw) -> None:
+    """st.dataframe of `data` with its floats rounded (see rounded)."""
+    (where or st).dataframe(rounded(data), **kw)
+
+
 # ---------- model ----------
 
 def _devices() -> list[str]:

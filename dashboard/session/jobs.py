@@ -111,7 +111,7 @@ def collect() -> None:
             level, text = job.on_done(job)
         except Exception as e:  # noqa: BLE001 - a filing error must not break every page
             level, text = "error", f"{job.label}: could not keep the result: {e}"
-        st.session_state[NOTE + name] = (level, text, tuple(job.monitor.notices))
+        st.session_state[NOTE + name] = (level, text, tuple(job.monitor.notices), job.model)
 
 
 def panel(name: str) -> None:
@@ -120,8 +120,9 @@ def panel(name: str) -> None:
         _live(name)
         return
     note = st.session_state.get(NOTE + name)
-    if note:
-        level, text, notices = note
+    # another model's outcome (a run before a model switch) is not this page's
+    if note and note[3:] in ((), (state.model_spec().name,)):
+        level, text, notices = note[:3]
         getattr(st, level)(text)
         for line in notices:
             st.warning(line)

@@ -62,7 +62,7 @@ def apply_link() -> None:
             st.session_state[state.SKIP] = parse_skip(q["skip"])
             st.session_state[state.SKIP_LAYERS_OF] = None  # checked once the model is known
         except SkipSetError as e:
-            state.flash("warning", f"The link's skip set is not readable ({e}); using the default.")
+            state.refuse_link_skip(q["skip"], str(e))
 
 
 def _fill_model_form(spec: state.ModelSpec) -> None:

@@ -111,7 +111,19 @@ def _generation(g, fig) -> str:
             f"<div class=out>{_e(g.get('other_text', ''))}</div>"
             + _table([{"run": name, "TTFT (ms)": r["ttft_s"] * 1e3, "new tokens": len(r["token_ids"]),
                        "decode tok/s": r.get("decode_tok_s")}
-                      for name, r in (("full", full), (g["label"], other))]))
+                      for name, r in (("full", full), (g["label"], other))])
+            + _speed(g.get("speed")))
+
+
+def _speed(p) -> str:
+    """The timing protocol's prefill speedup beside the streamed TTFTs, flagged as on the page."""
+    if p is None:
+        return ""
+    t = p.timing
+    return (f"<p>Prefill speedup (timing protocol, {p.tokens} tokens, {t.rounds} rounds): "
+            f"{speed_cell(p.speedup, t.trustworthy)}, IQR {t.low:.2f}–{t.high:.2f}×; ideal "
+            f"{p.ideal_speedup:.2f}× (FLOPs) / {p.roofline_speedup:.2f}× (roofline)."
+            + (f" ⚠ {_e(t.note)}." if t.note else "") + "</p>")
 
 
 def _drift(r, fig) -> str:
@@ -131,12 +143,28 @@ def _drift_length(rows, fig) -> str:
             + _table(rows, ["length", "hidden_cos", "k_cos", "v_cos", "attn_out_cos", "kl"]))
 
 
+def speed_cell(v, trustworthy, rounds=None) -> str:
+    """A measured ratio as the pages show it: a flagged one never reads as a plain number."""
+    if v is None or v != v:
+        return ""
+    if rounds == 0 and trustworthy is True:
+        return f"{v:.2f}× (reference)"
+    return f"{v:.2f}×" if trustworthy is True else f"⚠ {v:.2f}× (flagged)"
+
+
 def _sweep(r, fig) -> str:
+    rows = [{**x, "prefill_speedup": speed_cell(x.get("prefill_speedup"),
+                                                x.get("timing_trustworthy"), x.get("timing_rounds")),
+             "timing_note": x.get("timing_note") or ""} for x in r.rows]
+    flagged = sum(1 for x in r.rows if x.get("timing_trustworthy") is not True)
     return (f"<h2>Sweep ({_e(r.kind)}): {_e(r.model)}</h2><p class=note>{_e(r.data)} · "
             f"{_e(r.device)} · {r.threads} threads</p>"
-            + _table(r.rows, [c for c in ("variant", "skip_ratio", "skip_layers", "length",
-                                          "prefill_speedup", "ideal_speedup", "greedy_agreement",
-                                          "continuation_nll", "n") if any(c in x for x in r.rows)]))
+            + (f"<p class=note>⚠ {flagged} speed figure(s) flagged by the timing protocol (the "
+               "reason in the last column): not figures to quote.</p>" if flagged else "")
+            + _table(rows, [c for c in ("variant", "skip_ratio", "skip_layers", "length",
+                                        "prefill_speedup", "ideal_speedup", "greedy_agreement",
+                                        "continuation_nll", "n", "timing_note")
+                            if any(c in x for x in r.rows)]))
 
 
 def _importance(r, fig) -> str:
@@ -157,19 +185,28 @@ def _method_compare(r, fig) -> str:
 
 
 def _choice(r, fig) -> str:
+    from pop_analysis.experiments.choose import Budget, outcome_line  # torch: only for a report
+
     chart = methods_charts.candidates_chart(r.candidates, r.budget.get("max_delta_nll"), r.chosen)
     return (f"<h2>Budgeted choice ({_e(METHODS[r.method].title)}, {_e(r.shape)} sets)</h2>"
-            f"<p>{_e(r.note)}</p>" + fig(chart)
+            f"<p>{_e(outcome_line(r, Budget(**r.budget)))}</p>" + fig(chart)
             + _table(r.candidates, ["phase", "k", "set", "continuation_nll_delta", "next_token_top1",
                                     "meets"]))
 
 
 def _stepthrough(r, fig) -> str:
-    rows = [{"run": s["run"], "step": s["stage"], "ms (median)": s["time_ms"],
+    rows = [{"run": s["run"], "step": s["stage"], "ms": s["time_ms"],
              "FLOPs vs full prefill": s["flops"] / r.full_prefill_flops,
              "token": (s["token"] or [None, ""])[1]} for s in r.steps]
+    t = r.ttft
     return (f"<h2>Step-through: {_e(r.prompt)} ({len(r.prompt_ids)} tokens), skipped "
-            f"{_e(describe(r.skip_layers))}</h2>" + fig(step_charts.clock(r.steps, r.steps[0]))
+            f"{_e(describe(r.skip_layers))}</h2>"
+            f"<p>First token: full {t['full_ms']:.0f} ms, POP {t['pop_ms']:.0f} ms (medians of "
+            f"{t['rounds']} rounds); speedup {speed_cell(t['speedup'], t['trustworthy'])} (IQR "
+            f"{t['low']:.2f}–{t['high']:.2f}×; FLOP ideal {r.ideal_speedup:.2f}×)"
+            + (f" ⚠ {_e(t['note'])}." if t["note"] else ".") + "</p>"
+            + fig(step_charts.clock(r.steps, r.steps[0], "a step of its run's median round"
+                                    if "clock" in t else "the step's median"))
             + _table(rows))
 
 

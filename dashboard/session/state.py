@@ -45,6 +45,7 @@ MESSAGE = "lab.message"  # one-shot (level, text) shown where the user acted, af
 KEEP = "keep."  # + widget key: the canonical copy of a kept input
 KEPT = "lab.kept"  # set of widget keys registered with kept()
 URL_READ = "lab.url_read"  # True once this session's link (query parameters) was applied
+LINK_SKIP_ERROR = "lab.link_skip_error"  # why the link's ?skip= was refused; until a set is chosen
 LINK_ERROR = "lab.link_error"  # why the link's model was refused; shown until a model is loaded
 
 
@@ -77,7 +78,7 @@ def skip_for(n_layers: int) -> tuple[int, ...]:
     """The shared skip set; made (the paper's last third) for a model whose layer count it lacks.
     A set that came from a link is checked against the model here (an impossible one is replaced
     by the paper's and the reason flashed)."""
-    from pop_analysis.engine.skipset import SkipSetError, preset, validate
+    from pop_analysis.engine.skipset import SkipSetError, describe, preset, validate
 
     made_for = st.session_state.get(SKIP_LAYERS_OF)
     if SKIP in st.session_state and made_for is None:  # from a link: check it now
@@ -85,8 +86,7 @@ def skip_for(n_layers: int) -> tuple[int, ...]:
             st.session_state[SKIP] = validate(st.session_state[SKIP], n_layers)
             st.session_state[SKIP_LAYERS_OF] = made_for = n_layers
         except SkipSetError as e:
-            flash("warning", f"The link's skip set does not fit this model ({e}); using the "
-                             "paper's last third.")
+            refuse_link_skip(describe(st.session_state[SKIP]), str(e))
     if made_for != n_layers or SKIP not in st.session_state:
         st.session_state[SKIP] = preset("paper", n_layers)
         st.session_state[SKIP_LAYERS_OF] = n_layers
@@ -98,6 +98,7 @@ def set_skip(layers, n_layers: int) -> tuple[int, ...]:
     from pop_analysis.engine.skipset import validate
 
     out = validate(layers, n_layers)
+    st.session_state.pop(LINK_SKIP_ERROR, None)  # the user chose: the link's refusal is over
     st.session_state[SKIP] = out
     st.session_state[SKIP_LAYERS_OF] = n_layers
     return out
@@ -210,6 +211,17 @@ def changed(key: str, now: dict) -> list[str]:
 
 
 # ---------- messages ----------
+
+def refuse_link_skip(text: str, reason: str) -> None:
+    """A link's ?skip= that cannot be used: named in one line on every page until a skip set
+    is chosen (the default stands in meanwhile, and the line says so)."""
+    st.session_state[LINK_SKIP_ERROR] = (f"The link's skip set {text!r} is refused: {reason}. "
+                                         "Showing the paper's last third until you choose one.")
+
+
+def link_skip_error() -> str | None:
+    return st.session_state.get(LINK_SKIP_ERROR)
+
 
 def flash(level: str, text: str) -> None:
     """Remember a message to show after the next rerun (callbacks cannot draw in place)."""

@@ -2,6 +2,7 @@
 
     python -m pop_analysis examples --model smollm2-135m --threads 2
     python -m pop_analysis examples --model gemma3-270m --parts stepthrough,generation
+    python -m pop_analysis examples --model smollm2-135m --parts sweep --retime --threads 2
 
 Each part runs the library as the dashboard's defaults would (a calibration of 64 built-in
 prompts, drift on the long example prompt, the ratio sweep on GSM8K, a generation and a
@@ -9,18 +10,35 @@ step-through on the default prompts, the paper's last third skipped) on a fresh,
 store, and copies the store's entry with a label (model, data, machine, date, this command) to
 pop_analysis/examples/<model>/<kind>.json; SHA256SUMS is rewritten. The prompts are the first
 ones of each set and the default examples, never chosen for how they come out.
+
+A timing the protocol flags is never stored (speed/example_timings.py says what passes): before
+each part with a timing the command waits for a quiet machine (--quiet-wait), and a part whose
+timing is still flagged is timed again (the sweep re-times its flagged rows only; its quality
+half does not depend on the machine), up to --tries times; then it is refused with one line and
+the command exits 1, leaving the shipped file as it was. --retime re-times the shipped sweep's
+rows instead of running its quality half again.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
-from pop_analysis.commands._common import add_model_args, emit_json, load, quiet_hf
+from pop_analysis.commands._common import (
+    MAX_WAIT_S,
+    Num,
+    add_model_args,
+    emit_json,
+    load,
+    quiet_hf,
+)
 from pop_analysis.data.example_prompts import STEP
 from pop_analysis.errors import InputError
+from pop_analysis.speed import example_timings
 from pop_analysis.store import examples as ex
 from pop_analysis.store import results as store
 from pop_analysis.store.paths import cache_dir
@@ -35,6 +53,12 @@ def add_arguments(p) -> None:
     add_model_args(p)
     p.add_argument("--parts", default=",".join(PARTS), help=f"some of {', '.join(PARTS)}")
     p.add_argument("--out", default=None, help="folder (default: pop_analysis/examples)")
+    p.add_argument("--tries", type=Num(int, 1, 20), default=3,
+                   help="timings of a part before a flagged one is refused (default 3)")
+    p.add_argument("--quiet-wait", type=Num(float, 0, MAX_WAIT_S, unit="seconds"), default=600.0,
+                   help="seconds to wait for a quiet machine before each timing (default 600)")
+    p.add_argument("--retime", action="store_true",
+                   help="sweep: re-time the shipped sweep's rows, keep its quality half")
 
 
 def run(args) -> int:
@@ -43,20 +67,79 @@ def run(args) -> int:
     bad = [x for x in parts if x not in PARTS]
     if bad or not parts:
         raise InputError(f"--parts takes {', '.join(PARTS)}; got {args.parts!r}")
+    if args.retime and parts != ["sweep"]:
+        raise InputError("--retime re-times the shipped sweep alone: use it with --parts sweep")
     lm = load(args)
     root = Path(args.out) if args.out else None
-    written = {}
+    written, refused = {}, {}
     with _fresh_store():
         for part in parts:
-            data, make = MAKERS[part]
             print(f"{lm.name}: {part} ...", flush=True)
-            make(lm)
-            entry = _only_entry(part)
-            written[part] = str(ex.write_example(lm.name, part, entry, label(lm, data(lm), args),
-                                                 root))
-    emit_json(written) if args.json else print("\n".join(written.values()))
-    return 0
+            entry, quiet = make_part(lm, part, args, root)
+            problems = example_timings.problems(part, entry["payload"])
+            if problems:
+                refused[part] = (f"{lm.name}/{part} not stored: {'; '.join(problems)} (rerun on a "
+                                 "quiet machine)")
+                print(refused[part], file=sys.stderr, flush=True)
+                continue
+            written[part] = str(ex.write_example(lm.name, part, entry,
+                                                 label(lm, MAKERS[part][0](lm), args, quiet), root))
+    emit_json({"written": written, "refused": refused}) if args.json else \
+        print("\n".join(written.values()))
+    return 1 if refused else 0
 
+
+def make_part(lm, part: str, args, root) -> tuple[dict, float | None]:
+    """(the part's store entry, other processes' cores before its last timing): up to
+    args.tries timings, each after a wait for a quiet machine, until none is flagged."""
+    if part == "sweep" and args.retime:
+        shipped = ex.example_path(lm.name, "sweep", root)
+        entry = json.loads(shipped.read_text(encoding="utf-8"))
+        entry.pop("example", None)
+    else:
+        entry = None
+    quiet = None
+    for attempt in range(args.tries):
+        if part in example_timings.CHECKS:
+            quiet = _wait(args.quiet_wait)
+        if part == "sweep" and entry is not None:
+            retime_sweep(lm, entry["payload"])  # the quality half stands; only speed is redone
+        else:
+            MAKERS[part][1](lm)  # use_cache=False: the part's one store entry is rewritten
+            entry = _only_entry(part)
+        problems = example_timings.problems(part, entry["payload"])
+        if not problems:
+            break
+        print(f"  try {attempt + 1} of {args.tries} flagged: {'; '.join(problems)}", flush=True)
+    return entry, quiet
+
+
+def _wait(max_s: float) -> float | None:
+    import torch
+
+    from pop_analysis.speed.quiet import wait_quiet
+
+    if max_s <= 0:
+        return None  # --quiet-wait 0: time at once
+    ok, cores = wait_quiet(max_s, torch.get_num_threads())
+    if not ok:
+        print(f"  the machine did not get quiet in {max_s:g} s (other processes: "
+              f"{cores if cores is None else round(cores, 2)} cores); timing anyway", flush=True)
+    return cores
+
+
+def retime_sweep(lm, payload: dict) -> None:
+    """The sweep's flagged speed rows timed again (the protocol, the sweep's own settings)."""
+    from pop_analysis.experiments import sweep as sw
+    from pop_analysis.experiments.sweep_speed import speed_fields
+
+    cfg = sw.SweepConfig(**{k: tuple(v) if isinstance(v, list) else v
+                            for k, v in payload["config"].items()})
+    for row in payload["rows"]:
+        if row.get("timing_rounds") and example_timings.sweep_problems({"rows": [row]}):
+            _wait(60.0)
+            row.update(speed_fields(lm, row["engine_variant"] or row["variant"], row["skip_layers"],
+                                    row["length"], sw.timing_config(cfg)))
 
 @contextlib.contextmanager
 def _fresh_store():
@@ -76,24 +159,26 @@ def _fresh_store():
 
 
 def _only_entry(kind: str) -> dict:
-    import json
-
     (entry,) = store.entries(kind)  # a fresh store holds exactly the one this part made
     return json.loads(store.entry_path(kind, entry["key"]).read_text(encoding="utf-8"))
 
 
-def label(lm, data: str, args) -> dict:
+def label(lm, data: str, args, other: float | None = None) -> dict:
     import torch
 
     from pop_analysis.speed.machine import cpu_model
 
     load = os.getloadavg()[0]
     machine = (f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
-               f"{str(lm.dtype).replace('torch.', '')}, load {load:.1f} at the start")
-    return {"model": lm.name, "data": data, "machine": machine,
+               f"{str(lm.dtype).replace('torch.', '')}, load {load:.1f}"
+               + (f", other processes at {other:.2f} cores before the timing" if other is not None
+                  else ""))
+    return {"model": lm.name, "data": data + (" (timings re-measured)" if args.retime else ""),
+            "machine": machine,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": f"python -m pop_analysis examples --model {lm.name} --parts {args.parts}"
-                       + (f" --threads {args.threads}" if args.threads else "")}
+                       + (f" --threads {args.threads}" if args.threads else "")
+                       + (" --retime" if args.retime else "")}
 
 
 # ---------------------------------------------------------------- the parts

@@ -1,6 +1,7 @@
 """Example prompts the pages offer and open with (Generate, Drift, Step through) and the stored
 examples are made from: short ones, one long (several hundred tokens), one for the step-through
-(6-12 tokens without a chat template)."""
+(37 tokens without a chat template: long enough that POP's first token comes visibly earlier,
+short enough that a grid column per token still reads)."""
 
 SHORT = "Why is the sky blue? Answer in two sentences."
 
@@ -32,4 +33,6 @@ EXAMPLES = {"short: sky": SHORT, "long: a town's history (~440 tokens)": LONG,
             "short: arithmetic": "A shop sells pens at 3 dollars each. How much do 7 pens cost? "
                                  "Explain step by step."}
 
-STEP = "The first three planets from the Sun are Mercury, Venus and"  # 12 tokens on SmolLM2
+STEP = ("The first three planets from the Sun are Mercury, Venus and Earth. Then come Mars, the "
+        "giant Jupiter, Saturn with its rings, Uranus and, farthest out, the blue world of")
+# 37 tokens on SmolLM2, 38 on Gemma-3 (its BOS); 12-token prompts gain little (the boundary step)

@@ -249,18 +249,29 @@ def outcome_line(res: ChoiceResult, budget: Budget) -> str:
     """One line: what was chosen, or that nothing met the budget and the best found."""
     if res.met:
         c = next(c for c in res.candidates if c["skip_layers"] == res.chosen)
-        speed = res.speed.get("prefill_speedup")
-        measured = f", measured {speed:.2f}x" if speed else ""
         return (f"{len(res.chosen)} of {res.n_layers} layers ({describe(res.chosen)}) meet "
                 f"{budget.describe()}: ΔNLL {_ci(c, 'continuation_nll_delta')}, top-1 "
-                f"{_ci(c, 'next_token_top1')}; ideal prefill speedup {res.ideal_speedup:.2f}x"
-                f"{measured} ({len(res.candidates)} sets tried)")
+                f"{_ci(c, 'next_token_top1')}; ideal prefill speedup {res.ideal_speedup:.2f}x at "
+                f"{res.config.get('bench_tokens', 512)} tokens{measured_text(res.speed)} "
+                f"({len(res.candidates)} sets tried)")
     line = f"no skip set meets {budget.describe()} ({len(res.candidates)} sets tried)"
     b = res.best_found
     if b:
         line += (f"; the best found: layers {b['set']}, ΔNLL {_ci(b, 'continuation_nll_delta')}, "
                  f"top-1 {_ci(b, 'next_token_top1')}")
     return line
+
+
+def measured_text(speed: dict) -> str:
+    """', measured 1.27x (IQR 1.22-1.31, 5 rounds)', flagged with the protocol's reason."""
+    v = speed.get("prefill_speedup")
+    if not v:
+        return ""
+    rng, rounds = speed.get("speedup_range") or [v, v], speed.get("timing_rounds")
+    text = f", measured {v:.2f}x (IQR {rng[0]:.2f}-{rng[1]:.2f}, {rounds} rounds)"
+    if speed.get("timing_trustworthy") is not True:
+        text += f" ⚠ flagged: {speed.get('timing_note') or 'not judged by the protocol'}"
+    return text
 
 
 def _ci(c: dict, key: str) -> str:

@@ -92,6 +92,10 @@ def load_example(model: str, kind: str, check=None, notice=None,
         if not isinstance(label, dict) or not all(isinstance(label.get(f), str) for f in LABEL_FIELDS):
             raise RecordError("no label (model, data, machine, date, command)")
         payload = read_entry(path, kind, key)
+        made_with = {label["model"], payload.get("model") if isinstance(payload, dict) else None}
+        if made_with != {model}:  # a file copied into another model's folder, or mislabelled
+            raise RecordError(f"it was made with {', '.join(sorted(map(str, made_with - {model})))},"
+                              f" not {model}")
         if check is not None:
             check(payload)
         return Example(kind, model, payload, label, key)

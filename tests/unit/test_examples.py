@@ -68,3 +68,104 @@ def test_a_changed_or_unlisted_file_is_refused_in_one_line(tmp_path):
     assert got is None and "steps[0].kv" in notes[0]
     (root / ex.SUMS).write_text("")
     assert ex.load_example("smollm2-135m", "generation", notice=notes.append, root=root) is None
+
+
+# ---------------------------------------------------------------- what the timings teach
+
+def _shipped(kind: str) -> dict:
+    return json.loads(ex.example_path("gemma3-270m", kind).read_text())["payload"]
+
+
+def test_each_timing_the_examples_must_not_ship_is_named_in_one_line():
+    from pop_analysis.speed.example_timings import problems
+
+    step = _shipped("stepthrough")
+    step["ttft"].update(trustworthy=False, note="machine busy (x)", full_ms=100.0, pop_ms=120.0,
+                        speedup=0.9)
+    got = problems("stepthrough", step)
+    assert any("flagged (machine busy (x))" in line for line in got)
+    assert any("POP's first token (120 ms) is not before the full model's (100 ms)" in line
+               for line in got)
+    gen = _shipped("generation")
+    gen["speed"]["timing"].update(trustworthy=True, note=None, speedup=2.0)
+    gen["speed"]["ideal_speedup"] = 1.43
+    assert problems("generation", gen) == [
+        f"generation TTFT at {gen['speed']['tokens']} tokens: 2.00x is more than 10% above its "
+        "ideal 1.43x"]
+    sweep = _shipped("sweep")
+    timed = [r for r in sweep["rows"] if r["timing_rounds"]]
+    for r in timed:
+        r.update(timing_trustworthy=True, timing_note=None, prefill_speedup=r["ideal_speedup"])
+    assert problems("sweep", sweep) == []
+    timed[0].update(timing_trustworthy=False, timing_note="rounds disagree (y)")
+    assert problems("sweep", sweep) == [
+        f"sweep pop skip {timed[0]['skip_ratio']:g} at 512 tokens: "
+        f"{timed[0]['prefill_speedup']:.2f}x flagged (rounds disagree (y))"]
+    assert problems("calibration", {}) == []
+
+
+def test_the_examples_command_refuses_a_flagged_timing_and_keeps_the_shipped_file(
+        tmp_path, monkeypatch, capsys):
+    """A part whose timing stays flagged is timed again --tries times, then refused in one line
+    (exit 1); the file in --out is left as it was."""
+    from pop_analysis.cli import main
+    from pop_analysis.commands import examples as cmd
+    from pop_analysis.store import results as store
+
+    out = tmp_path / "examples"
+    shutil.copytree(ex.EXAMPLES_DIR, out)
+    before = ex.example_path("gemma3-270m", "generation", out).read_bytes()
+    entry = json.loads(before)
+    entry.pop("example")
+    entry["payload"]["speed"]["timing"].update(trustworthy=False, note="machine busy (z)")
+    calls = []
+
+    def flagged(lm):  # what a busy machine makes: the part's store entry, flagged
+        calls.append(1)
+        store.save("generation", entry["key"], entry["payload"], entry["params"])
+
+    class Model:
+        name, dtype = "gemma3-270m", "float32"
+
+    monkeypatch.setattr(cmd, "load", lambda args: Model())
+    monkeypatch.setitem(cmd.MAKERS, "generation", (lambda lm: "the sky", flagged))
+    code = main(["examples", "--model", "gemma3-270m", "--parts", "generation", "--tries", "2",
+                 "--quiet-wait", "0", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(calls) == 2
+    assert err[-1].startswith("gemma3-270m/generation not stored: generation TTFT at ")
+    assert "flagged (machine busy (z))" in err[-1] and err[-1].endswith("(rerun on a quiet machine)")
+    assert ex.example_path("gemma3-270m", "generation", out).read_bytes() == before
+
+
+def test_an_example_made_with_another_model_is_refused_in_one_line(tmp_path):
+    """A file in the loaded model's folder is used only when it names that model, in its label
+    and in its payload: Gemma's step-through copied into SmolLM2's folder is not shown."""
+    root = tmp_path / "examples"
+    shutil.copytree(ex.EXAMPLES_DIR, root)
+    shutil.copy(ex.example_path("gemma3-270m", "stepthrough", root),
+                ex.example_path("smollm2-135m", "stepthrough", root))
+    ex.write_checksums(root)
+    notes = []
+    assert ex.load_example("smollm2-135m", "stepthrough", notice=notes.append, root=root) is None
+    assert notes == ["stored example smollm2-135m/stepthrough not used (it was made with "
+                     "gemma3-270m, not smollm2-135m)"]
+    path = ex.example_path("smollm2-135m", "generation", root)
+    entry = json.loads(path.read_text())
+    entry["payload"]["model"] = "gemma3-270m"  # the label still says smollm2-135m
+    path.write_text(json.dumps(entry))
+    ex.write_checksums(root)
+    notes.clear()
+    assert ex.load_example("smollm2-135m", "generation", notice=notes.append, root=root) is None
+    assert "it was made with gemma3-270m, not smollm2-135m" in notes[0]
+
+
+@pytest.mark.parametrize("model", sorted(REGISTRY))
+def test_the_shipped_step_through_grids_are_pops_structure(model):
+    """The shipped grids hold the cells the method prescribes (tests/step_checks.py), for the
+    skip set each was recorded with."""
+    from step_checks import assert_pop_structure
+
+    rec = StepThrough.from_dict(ex.load_example(model, "stepthrough").payload)
+    assert rec.skip_layers and rec.n_layers == LAYERS[model]
+    assert_pop_structure(rec, tuple(rec.skip_layers))

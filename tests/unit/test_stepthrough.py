@@ -26,7 +26,41 @@ def test_grid_equals_the_engines_call_counts(lm, skip):
     assert_flops_and_frames(rec, lm.adapter.shape, skip)
     assert all(len(s["times_ms"]) == CFG.rounds for s in rec.steps)
     assert rec.ttft["rounds"] == CFG.rounds
+    assert_one_clock(rec)
 
+
+def assert_one_clock(rec) -> None:
+    """The clock's bars are each run's median round: its first-token mark is the headline's
+    median TTFT, and every bar is that round's own time of the step."""
+    for run, median in (("full", rec.ttft["full_ms"]), ("pop", rec.ttft["pop_ms"])):
+        shown = rec.ttft["clock"][run]
+        prompt = [s for s in rec.steps if s["run"] == run and s["stage"] in ("prefill", "boundary")]
+        end = prompt[-1]["start_ms"] + prompt[-1]["time_ms"]
+        assert end == pytest.approx(median, rel=1e-9), (run, end, median)
+        assert all(s["time_ms"] == s["times_ms"][shown] for s in rec.steps if s["run"] == run)
+
+
+def test_the_median_round_is_one_rounds_index():
+    assert stp.median_round([5.0, 1.0, 3.0]) == 2
+    assert stp.median_round([2.0, 9.0, 4.0, 1.0, 7.0]) == 2
+
+
+def test_the_counters_count_matmuls_not_module_calls(lm):
+    """The engine's counters see a layer's weights multiplied even without its module being
+    called, and they add no hook: the step-through's hooks are another witness."""
+    import torch
+
+    from pop_analysis.engine.counters import count_calls
+
+    a = lm.adapter
+    with count_calls(a) as counts:
+        assert not any(m._forward_hooks or m._forward_pre_hooks for layer in a.layers for m in layer.modules())
+        x = torch.zeros(1, 2, a.o_proj(1).in_features)  # (1, 2, heads * head_dim)
+        torch.nn.functional.linear(x, a.o_proj(1).weight)  # no module call
+        a.k_proj(2)(torch.zeros(1, 2, a.shape.hidden))  # (1, 2, hidden)
+    got = counts.as_dict()["prefill"]
+    assert got["attention"][1] == 1 and sum(got["attention"]) == 1
+    assert got["k_proj"][2] == 1 and sum(got["k_proj"]) == 1 and sum(got["ffn"]) == 0
 
 def test_the_record_round_trips_and_a_broken_one_is_refused(lm):
     rec = stp.record(lm, tiny_prompt(6), (4, 5), CFG)
@@ -41,7 +75,9 @@ def test_the_record_round_trips_and_a_broken_one_is_refused(lm):
 
 
 def test_prompts_outside_the_grid_are_refused_in_one_line(lm):
-    with pytest.raises(ValueError, match=r"takes 2-16 tokens, got 17"):
-        stp.record(lm, tiny_prompt(17), (5,), CFG)
+    with pytest.raises(ValueError, match=r"takes 2-48 tokens, got 49"):
+        stp.record(lm, tiny_prompt(49), (5,), CFG)
     with pytest.raises(ValueError, match="decode_steps must lie in 1..8"):
         stp.StepConfig(decode_steps=0)
+    with pytest.raises(ValueError, match="rounds be odd"):
+        stp.StepConfig(rounds=4)  # the median TTFT must be one round's, the one the clock draws
