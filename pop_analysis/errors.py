@@ -1,6 +1,8 @@
 """Error text for people: every failure reaches a user as one readable line."""
 from __future__ import annotations
 
+from pop_vllm.ranges import shown  # noqa: F401 - one definition, shared with the plugin
+
 
 class InputError(ValueError):
     """Input the project refuses (a flag, a file, a stored record); the message is one line."""
@@ -10,12 +12,6 @@ def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type name when it has none."""
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
-
-
-def shown(value, limit: int = 60) -> str:
-    """repr() of user input for an error line, cut to `limit` characters (input can be huge)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
 
 
 def listed(names, most: int = 12) -> str:

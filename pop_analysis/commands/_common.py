@@ -9,8 +9,9 @@ import re
 import sys
 
 from pop_analysis.engine.models import DEFAULT_MODEL, load_model
-from pop_analysis.engine.skipset import resolve
+from pop_analysis.engine.skipset import MAX_LAYERS, resolve
 from pop_analysis.errors import InputError, shown
+from pop_vllm.ranges import RangeError, parse_ranges
 
 # Upper bounds of the numeric options: far beyond any honest run, short of runs that never end.
 MAX_TOKENS = 1 << 24  # tokens in a prompt or an answer: beyond any model's context (16.7M)
@@ -91,45 +92,70 @@ def add_model_args(p) -> None:
 
 def add_skip_args(p, default_ratio: float | None = None) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--skip", default=None, help="explicit 0-indexed layers, e.g. 20-29 or 3,5,7")
+    g.add_argument("--skip", type=LAYER_LIST, default=None,
+                   help="explicit 0-indexed layers, e.g. 20-29 or 3,5,7")
     g.add_argument("--skip-ratio", type=RATIO, default=None,
                    help=f"skip the last round(ratio*L) layers (default {default_ratio})")
     g.add_argument("--preset", default=None, help="paper, shallow, interleaved or none")
     p.set_defaults(default_ratio=default_ratio)
 
 
-def int_list(text: str, flag: str, minimum: int = 0, maximum: int | None = None) -> list[int]:
-    """'1, 2,3' -> [1, 2, 3]: plain decimal integers in minimum..maximum; an empty list is
-    refused."""
-    parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not all(x.isascii() and x.isdigit() for x in parts):
-        raise InputError(f"{flag} must be comma-separated integers, got {shown(text)}")
-    if not parts:
-        raise InputError(f"{flag} holds no numbers, got {shown(text)}")
-    if any(len(x) > 12 for x in parts):
-        raise InputError(f"{flag}: {shown(max(parts, key=len))} is too large")
-    values = [int(x) for x in parts]
-    if min(values) < minimum:
-        raise InputError(f"{flag} needs integers >= {minimum}, got {shown(text)}")
-    if maximum is not None and max(values) > maximum:
-        raise InputError(f"{flag} needs integers <= {maximum}, got {max(values)}")
-    return values
+INF_WORDS = ("inf", "infinity", "+inf")
 
 
-def float_list(text: str, flag: str, each: Num, inf_ok: bool = False) -> list[float]:
-    """'0.2, 0.5' -> [0.2, 0.5], each value checked by `each` ('inf' kept where `inf_ok`)."""
-    out = []
-    for part in (x.strip() for x in text.split(",") if x.strip()):
-        if inf_ok and part.lower() in ("inf", "infinity", "+inf"):
-            out.append(math.inf)
-            continue
+class NumList:
+    """An argparse type: comma-separated numbers, each one a `each` (a Num, checked as it is read),
+    at least one; 'inf' kept where `inf_ok`. Nothing is expanded, so a list is never longer than
+    its text."""
+
+    def __init__(self, each: Num, inf_ok: bool = False):
+        self.each, self.inf_ok = each, inf_ok
+        self.__name__ = f"list of {each.__name__}"
+
+    def __call__(self, text: str) -> list:
+        out = []
+        for part in (x.strip() for x in text.split(",") if x.strip()):
+            if self.inf_ok and part.lower() in INF_WORDS:
+                out.append(math.inf)
+                continue
+            try:
+                out.append(self.each(part))
+            except argparse.ArgumentTypeError as e:
+                raise argparse.ArgumentTypeError(
+                    f"each value {e}{' (or inf)' if self.inf_ok else ''}") from None
+        if not out:
+            raise argparse.ArgumentTypeError(f"holds no numbers, got {shown(text)}")
+        return out
+
+
+class RangeList:
+    """An argparse type: numbers and ranges like 0-3,5 (`pop_vllm.ranges`, the reader skip sets
+    use too), each number checked against `bound` before a range is expanded -> sorted tuple."""
+
+    def __init__(self, noun: str, bound: int, limit: str | None = None, example: str = "0-3",
+                 empty_ok: bool = False):
+        self.noun, self.bound, self.limit, self.example = noun, bound, limit, example
+        self.empty_ok = empty_ok
+        self.__name__ = f"{noun} list"
+
+    def __call__(self, text: str) -> tuple[int, ...]:
         try:
-            out.append(each(part))
-        except argparse.ArgumentTypeError as e:
-            raise InputError(f"{flag}: each value {e}{' (or inf)' if inf_ok else ''}") from None
-    if not out:
-        raise InputError(f"{flag} holds no numbers, got {shown(text)}")
-    return out
+            out = parse_ranges(text, self.bound, self.noun, self.limit, self.example)
+        except RangeError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if not out and not self.empty_ok:
+            raise argparse.ArgumentTypeError(f"holds no {self.noun}s, got {shown(text)}")
+        return out
+
+
+def core_list() -> RangeList:
+    """Cores an engine is pinned to: ids this machine has (which of them this process may use
+    is the topology's check)."""
+    n = os.cpu_count() or 1
+    return RangeList("core", n, f"this machine has cores 0..{n - 1}")
+
+
+LAYER_LIST = RangeList("layer", MAX_LAYERS, example="20-29", empty_ok=True)
 
 
 def set_threads(args) -> int:

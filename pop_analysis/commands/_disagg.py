@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from pop_analysis.commands._common import Num, emit_json, int_list
+from pop_analysis.commands._common import Num, core_list, emit_json
 from pop_analysis.commands._serving import stderr_progress
 from pop_analysis.serving import disagg
 
@@ -18,9 +18,10 @@ def add_arguments(p) -> None:
     g.add_argument("--decode", default="pop", choices=disagg.DECODE_SIDES,
                    help="the decode instance: pop (the prefill's settings, default) or full "
                         "(stock vLLM)")
-    g.add_argument("--prefill-cpus", help="cores of the prefill instance, e.g. 0 or 0-3 "
-                                          "(default: the first half)")
-    g.add_argument("--decode-cpus", help="cores of the decode instance (default: the second half)")
+    g.add_argument("--prefill-cpus", type=core_list(), help="cores of the prefill instance, e.g. 0 "
+                                                            "or 0-3 (default: the first half)")
+    g.add_argument("--decode-cpus", type=core_list(),
+                   help="cores of the decode instance (default: the second half)")
     g.add_argument("--block-size", type=Num(int, 32, 1 << 16), default=disagg.BLOCK_SIZE,
                    help=f"KV cache block size of both instances (multiple of 32, default "
                         f"{disagg.BLOCK_SIZE})")
@@ -28,23 +29,10 @@ def add_arguments(p) -> None:
                                     "/dev/shm keeps it in memory)")
 
 
-def cores(text: str | None, flag: str):
-    """'0', '0,2' or '0-3' -> (0, ...); None stays None (the default split)."""
-    if text is None:
-        return None
-    out = []
-    for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        first = int_list(lo, flag)[0]
-        out += range(first, int_list(hi, flag)[0] + 1) if hi else [first]
-    return tuple(out)
-
-
 def run(args, spec) -> int:
     """Start the topology, print it and the exact commands, serve until Ctrl-C or a death."""
-    topo = disagg.plan(spec, args.decode, cores(args.prefill_cpus, "--prefill-cpus"),
-                       cores(args.decode_cpus, "--decode-cpus"), args.block_size, args.kv_dir,
-                       proxy_port=args.port)
+    topo = disagg.plan(spec, args.decode, args.prefill_cpus, args.decode_cpus, args.block_size,
+                       args.kv_dir, proxy_port=args.port)
     running = disagg.Disaggregated(topo)
     try:
         running.start(progress=stderr_progress("starting prefill, decode and proxy"),

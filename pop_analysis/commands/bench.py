@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from pop_analysis.commands._common import (
-    MAX_TOKENS,
+    TOKENS,
     Num,
+    NumList,
     add_model_args,
     add_skip_args,
     emit_json,
-    int_list,
     load,
     quiet_hf,
     seconds,
@@ -21,7 +21,8 @@ from pop_analysis.speed.timing import MAX_BUDGET_S, MAX_ROUNDS, check_budget, ch
 def add_arguments(p) -> None:
     add_model_args(p)
     add_skip_args(p, default_ratio=0.33)
-    p.add_argument("--lengths", default="32,128,512,2048", help="comma list of prompt lengths")
+    p.add_argument("--lengths", type=NumList(TOKENS), default="32,128,512,2048",
+                   help="comma list of prompt lengths")
     p.add_argument("--repeats", type=Num(int, 1, MAX_ROUNDS), default=3,
                    help="fewest timed rounds per length (at least 3 are run)")
     p.add_argument("--timing-budget", type=seconds(MAX_BUDGET_S), default=10.0, metavar="SECONDS",
@@ -32,7 +33,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     quiet_hf()
-    lengths = int_list(args.lengths, "--lengths", 1, MAX_TOKENS)
+    lengths = args.lengths
     check_rounds(args.repeats)
     check_budget(args.timing_budget)
     lm = load(args)

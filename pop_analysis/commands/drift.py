@@ -5,10 +5,11 @@ from pop_analysis.commands._common import (
     COUNT,
     MAX_TOKENS,
     TOKENS,
+    Num,
+    NumList,
     add_model_args,
     add_skip_args,
     emit_json,
-    int_list,
     load,
     quiet_hf,
     skip_from_args,
@@ -35,7 +36,7 @@ def add_arguments(p) -> None:
     p.add_argument("--raw", action="store_true", help="no chat template")
     p.add_argument("--decode-steps", type=TOKENS, default=8, help="next-token steps compared (K)")
     p.add_argument("--max-tokens-plot", type=TOKENS, default=256, help="heatmap columns at most")
-    p.add_argument("--lengths", default=None,
+    p.add_argument("--lengths", type=NumList(Num(int, 2, MAX_TOKENS)), default=None,
                    help="also drift against context length, e.g. 128,512,1024,2048")
     p.add_argument("--text-source", default=None,
                    help="text for --lengths: builtin or a .txt/.jsonl file (default: --dataset, "
@@ -83,7 +84,7 @@ def run(args) -> int:
 
 
 def _parse_lengths(text: str | None) -> list[int]:
-    return int_list(text, "--lengths", 2, MAX_TOKENS) if text else []
+    return list(text or [])
 
 
 def _prompt_texts(args) -> list[str]:

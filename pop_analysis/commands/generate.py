@@ -7,10 +7,10 @@ from pop_analysis.commands._common import (
     TOKENS,
     TOP_P,
     Num,
+    NumList,
     add_model_args,
     add_skip_args,
     emit_json,
-    int_list,
     load,
     quiet_hf,
     seconds,
@@ -31,12 +31,14 @@ from pop_analysis.speed.timing import (
     check_rounds,
 )
 
+TOKEN_ID = Num(int, 0, (1 << 31) - 1)  # checked against the vocabulary once the model loads
+
 
 def add_arguments(p) -> None:
     add_model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (chat template applied unless --raw)")
-    src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
+    src.add_argument("--prompt-ids", type=NumList(TOKEN_ID), help="comma-separated token ids, e.g. 1,2,3")
     add_skip_args(p, default_ratio=0.33)
     p.add_argument("--variants", default="full,pop", help=f"comma list of {', '.join(VARIANTS)}")
     p.add_argument("--max-new-tokens", type=TOKENS, default=32)
@@ -52,10 +54,6 @@ def add_arguments(p) -> None:
                    help="fewest timed rounds of the prefill speedup (at least 3 are run)")
     p.add_argument("--timing-budget", type=seconds(MAX_BUDGET_S), default=2.0, metavar="SECONDS",
                    help="more timing rounds while they fit in this many seconds")
-
-
-def parse_ids(text: str) -> list[int]:
-    return int_list(text, "--prompt-ids", minimum=0)
 
 
 def run(args) -> int:
@@ -74,7 +72,7 @@ def run(args) -> int:
                           budget_s=check_budget(args.timing_budget), warmup=0)
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          top_p=args.top_p, seed=args.seed)
-    given = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    given = args.prompt_ids  # None: --prompt
     lm = load(args)
     skip = skip_from_args(args, lm.adapter.n_layers)
     ids = given if given is not None else encode(lm, args.prompt, raw=args.raw)

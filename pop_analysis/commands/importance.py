@@ -7,9 +7,9 @@ import sys
 from pop_analysis.commands._common import (
     RATIO_OPEN,
     Num,
+    NumList,
     add_model_args,
     emit_json,
-    float_list,
     load,
     quiet_hf,
 )
@@ -32,7 +32,7 @@ def add_arguments(p) -> None:
     add_ranking_args(p)
     p.add_argument("--compare", action="store_true",
                    help="also run POP with each method's skip set per budget on held-out items")
-    p.add_argument("--budgets", default=",".join(map(str, BUDGETS)),
+    p.add_argument("--budgets", type=NumList(RATIO_OPEN), default=",".join(map(str, BUDGETS)),
                    help="shares of the layers skipped in the comparison")
     p.add_argument("--shapes", default=",".join(SHAPES), help="block (contiguous), free, or both")
     p.add_argument("--random-seeds", type=Num(int, 1, 1000), default=3, help="draws of the random baseline")
@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
 
 def compare_config(args) -> CompareConfig:
     shapes = tuple(s.strip() for s in args.shapes.split(",") if s.strip())
-    return CompareConfig(budgets=tuple(float_list(args.budgets, "--budgets", RATIO_OPEN)), shapes=shapes,
+    return CompareConfig(budgets=tuple(args.budgets), shapes=shapes,
                          dataset=args.eval_dataset, n_samples=args.eval_samples,
                          offset=args.offset, answer_tokens=args.answer_tokens,
                          random_seeds=args.random_seeds, speed=not args.no_speed,

@@ -11,9 +11,9 @@ from pop_analysis.commands._common import (
     MAX_TOKENS,
     TOKENS,
     Num,
+    NumList,
     add_model_args,
     emit_json,
-    int_list,
     load,
     quiet_hf,
     writable,
@@ -41,7 +41,7 @@ def add_arguments(p) -> None:
     p.add_argument("--n", type=COUNT, default=d.n, help="items per cell of Tables 3 and 4")
     p.add_argument("--retrieval-length", type=TOKENS, default=d.retrieval_length,
                    help="prompt tokens of the tables' retrieval column")
-    p.add_argument("--lengths", default=",".join(map(str, d.lengths)),
+    p.add_argument("--lengths", type=NumList(TOKENS), default=",".join(map(str, d.lengths)),
                    help="prompt lengths of the full-vs-POP retrieval check")
     p.add_argument("--length-n", type=COUNT, default=d.length_n, help="retrieval items per length")
     p.add_argument("--mc-n", type=COUNT, default=d.mc_n, help="documents per multiple-choice task")
@@ -65,7 +65,7 @@ def add_arguments(p) -> None:
 
 
 def config_from_args(args) -> ReportConfig:
-    lengths = tuple(int_list(args.lengths, "--lengths", 1, MAX_TOKENS))
+    lengths = tuple(args.lengths)
     return ReportConfig(n=args.n, retrieval_length=args.retrieval_length, lengths=lengths,
                         length_n=args.length_n, mc_n=args.mc_n, greedy_tokens=args.greedy_tokens,
                         repeats=args.repeats)

@@ -5,14 +5,17 @@ from pop_analysis.commands._common import (
     MAX_TOKENS,
     SEED,
     Num,
+    NumList,
     add_skip_args,
     emit_json,
-    float_list,
 )
 from pop_analysis.commands._serving import add_engine_args, spec_from_args, stderr_progress
 from pop_analysis.serving.loadgen import MAX_OUTPUT, MAX_PROMPTS, LoadSpec
 from pop_analysis.serving.session import Serving
 from pop_analysis.speed.timing import MAX_ROUNDS
+
+MAX_RATE = 1e6  # requests per second given as a number (inf: all at once)
+RATES = NumList(Num(float, 0.0, MAX_RATE, open_low=True), inf_ok=True)  # never NaN
 
 
 def add_arguments(p) -> None:
@@ -24,7 +27,7 @@ def add_arguments(p) -> None:
                    help="prompt tokens per request")
     p.add_argument("--output-len", type=Num(int, 2, MAX_OUTPUT), default=64,
                    help="generated tokens per request")
-    p.add_argument("--request-rates", default="2,inf",
+    p.add_argument("--request-rates", type=RATES, default="2,inf",
                    help="comma list of request rates per second (inf: all at once); one row each")
     p.add_argument("--max-concurrency", type=Num(int, 1, MAX_PROMPTS), default=None,
                    help="requests in flight at most")
@@ -37,20 +40,11 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="end stdout with one JSON object")
 
 
-MAX_RATE = 1e6  # requests per second given as a number (inf: all at once)
-
-
-def rates(text: str) -> list[float]:
-    """Request rates: positive numbers up to MAX_RATE, or inf (all at once); never NaN."""
-    return float_list(text, "--request-rates", Num(float, 0.0, MAX_RATE, open_low=True),
-                      inf_ok=True)
-
-
 def run(args) -> int:
     specs = [LoadSpec(num_prompts=args.requests, input_len=args.input_len,
                       output_len=args.output_len, request_rate=r,
                       max_concurrency=args.max_concurrency, seed=args.seed).check(args.max_model_len)
-             for r in rates(args.request_rates)]
+             for r in args.request_rates]
     pop = spec_from_args(args)
     show = None if args.json else _line
     with Serving(pop, progress=stderr_progress("starting vLLM"), timeout_s=args.start_timeout,

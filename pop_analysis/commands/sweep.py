@@ -12,10 +12,9 @@ from pop_analysis.commands._common import (
     SEED,
     TOKENS,
     Num,
+    NumList,
     add_model_args,
     emit_json,
-    float_list,
-    int_list,
     load,
     quiet_hf,
     seconds,
@@ -56,11 +55,11 @@ def add_arguments(p) -> None:
     p.add_argument("--samples", type=COUNT, default=DEFAULT_SAMPLES,
                    help=f"evaluation items (default {DEFAULT_SAMPLES}: POP's NLL difference from "
                         "the full model on GSM8K then has a 95%% interval narrower than 0.05 nats)")
-    p.add_argument("--ratios", default=None, help="comma list, e.g. 0,0.2,0.25,0.33,0.4,0.5,0.6")
+    p.add_argument("--ratios", type=NumList(RATIO), default=None, help="comma list, e.g. 0,0.2,0.25,0.33,0.4,0.5,0.6")
     p.add_argument("--variants", default=None,
                    help="comma list of full,pop,shallow,interleaved,pop_no_kv,pop_no_boundary,"
                         "static,pop_repair")
-    p.add_argument("--lengths", default=None, help="comma list of prompt lengths, e.g. 32,128,512,2048")
+    p.add_argument("--lengths", type=NumList(TOKENS), default=None, help="comma list of prompt lengths, e.g. 32,128,512,2048")
     p.add_argument("--calibration", default=None,
                    help="store key of a calibration (or a JSON file with a 'prefill' list): "
                         "adds the adaptive-vs-contiguous sweep")
@@ -92,11 +91,11 @@ def config_from_args(args) -> SweepConfig:
         raise SweepError(str(e)) from None
     kw = {}
     if args.ratios:
-        kw["ratios"] = tuple(float_list(args.ratios, "--ratios", RATIO))
+        kw["ratios"] = tuple(args.ratios)
     if args.variants:
         kw["variants"] = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     if args.lengths:
-        kw["lengths"] = tuple(int_list(args.lengths, "--lengths", 1, MAX_TOKENS))
+        kw["lengths"] = tuple(args.lengths)
     return SweepConfig(dataset=args.dataset, n_samples=args.samples,
                        max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                        timing_budget_s=args.timing_budget,

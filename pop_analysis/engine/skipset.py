@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pop_analysis.errors import InputError, shown
+from pop_analysis.errors import InputError
+from pop_vllm.ranges import RangeError, parse_ranges
 
 
 class Preset(StrEnum):
@@ -30,33 +31,15 @@ class SkipSetError(InputError):
 def parse_layers(text: str, n_layers: int | None = None) -> tuple[int, ...]:
     """'20-29' or '3,5,7-9' -> (3, 5, 7, 8, 9). Empty text is the empty set.
 
-    Every number is checked against the layer count (MAX_LAYERS without a model) before a range
-    is expanded, so '0-20000000' fails at once instead of building a list of twenty million.
+    Read by the plugin's one range reader (`pop_vllm.ranges`, core lists use it too): every
+    number is checked against the layer count (MAX_LAYERS without a model) before a range is
+    expanded, so '0-20000000' fails at once instead of building a list of twenty million.
     """
-    bound = MAX_LAYERS if n_layers is None else n_layers
-    layers: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        lo, hi = _bounds(part, text)
-        if hi < lo:
-            raise SkipSetError(f"bad layer range {shown(part)}: end before start")
-        if hi >= bound:
-            where = (f"the model has layers 0..{n_layers - 1}" if n_layers is not None
-                     else f"layer numbers stop at {MAX_LAYERS - 1}")
-            raise SkipSetError(f"layer(s) in {shown(part)} out of range: {where}")
-        layers.update(range(lo, hi + 1))
-    return tuple(sorted(layers))
-
-
-def _bounds(part: str, text: str) -> tuple[int, int]:
-    """'7' -> (7, 7), '7-9' -> (7, 9); digits only (no signs). Over 9 digits reads as 10**9, which
-    the range check refuses, so a 5000-digit number never becomes an int."""
-    ends = [x.strip() for x in part.split("-", 1)]
-    if not all(x.isascii() and x.isdigit() for x in ends):
-        what = "" if part == text.strip() else f": {shown(part)}"
-        raise SkipSetError(f"bad layer list {shown(text)}{what} is not a number or a range like "
-                           "20-29")
-    lo, hi = (int(x) if len(x) <= 9 else 10 ** 9 for x in (ends[0], ends[-1]))
-    return lo, hi
+    where = None if n_layers is None else f"the model has layers 0..{n_layers - 1}"
+    try:
+        return parse_ranges(text, MAX_LAYERS if n_layers is None else n_layers, "layer", where)
+    except RangeError as e:
+        raise SkipSetError(str(e)) from None
 
 
 def last_block(n_layers: int, ratio: float) -> tuple[int, ...]:

@@ -112,7 +112,6 @@ def test_generate_checks_the_context_before_any_model_work(capsys, monkeypatch):
     (["generate", "--prompt", "x", "--skip", "0-29"], "cannot skip all 30 layers"),
     (["generate", "--prompt", "x", "--skip", "40"], "out of range"),
     (["generate", "--prompt", "x", "--variants", "full,turbo"], "unknown variant"),
-    (["generate", "--prompt-ids", "1,a"], "comma-separated integers"),
     (["generate", "--prompt", "   "], "empty"),
     (["bench", "--lengths", "9000"], "exceeds the model's context"),
 ])

@@ -77,7 +77,7 @@ def test_importance_and_choose_commands(embedded, tmp_results, monkeypatch, caps
 @pytest.mark.parametrize("argv, message, code", [
     (["importance", "--methods", "gate,nope"], "unknown method 'nope'", 1),
     (["importance", "--samples", "0"], "--samples: must be a whole number in 1..", 2),  # the flag
-    (["importance", "--compare", "--budgets", "0.2,1.5"], "in (0, 1)", 1),
+    (["importance", "--compare", "--budgets", "0.2,1.5"], "in (0, 1)", 2),  # the flag
     (["choose"], "give a budget", 1),
     (["choose", "--max-delta-nll", "0.1", "--method", "nope"], "unknown method", 1),
     (["choose", "--min-top1", "nan"], "--min-top1: must be a finite number in [0, 1]", 2),

@@ -1,21 +1,20 @@
-"""Every numeric option of every command: NaN, infinity, negative and huge values get one `error:` line and a non-zero exit, no traceback, before any model loads or engine starts, in seconds (a Hypothesis property over each option's declared range, and every bad class exhaustively); sizes beyond the data say how many items it holds, and an honest size within it is allowed."""
+"""Every numeric option of every command, lists included (found by their declared types): NaN, infinity, negative and huge values get one `error:` line and a non-zero exit, no traceback, before any model loads or engine starts, in seconds (a Hypothesis property over each option's declared range, and every bad class exhaustively); a range list (skip sets, core lists) is bounded before it is expanded; sizes beyond the data say how many items it holds, and an honest size within it is allowed."""
 import argparse
 import time
+import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pop_analysis import cli
-from pop_analysis.commands._common import Num
+from pop_analysis.commands._common import Num, NumList, RangeList
 from pop_analysis.serving.server import Engine
 
 START = Engine.start  # the real one (the module's fixture replaces it while commands run)
 
 # What each command needs besides the option under test.
 BASE = {("generate",): ["--prompt", "hi"], ("drift",): ["--prompt", "hi"]}
-# Comma-list options hold numbers too (inf is a request rate: all at once).
-LISTS = {"--lengths", "--ratios", "--request-rates"}
 BAD = {"nan": ["nan", "-NaN"], "inf": ["inf", "-inf", "1e309"], "negative": ["-1", "-0.5"],
        "huge": ["1e30", "1" + "0" * 30]}
 
@@ -38,17 +37,19 @@ def commands():
 
 
 def numeric_options():
-    """(command path, flag, Num or None for a list) of every numeric option."""
-    out = []
-    for path, parser in commands():
-        for a in parser._actions:
-            flag = a.option_strings[0] if a.option_strings else None
-            if isinstance(a.type, Num) or flag in LISTS:
-                out.append((path, flag, a.type))
-    return out
+    """(command path, flag, type) of every numeric option: a Num, a NumList (comma-separated
+    Nums) or a RangeList (numbers and ranges: skip sets, core lists)."""
+    return [(path, a.option_strings[0], a.type) for path, parser in commands()
+            for a in parser._actions if isinstance(a.type, (Num, NumList, RangeList))]
 
 
 OPTIONS = numeric_options()
+LISTS = {flag for _, flag, kind in OPTIONS if isinstance(kind, (NumList, RangeList))}
+
+
+def single(kind):
+    """The check one value of the option passes (a list of one number is that number)."""
+    return kind.each if isinstance(kind, NumList) else kind
 
 
 @pytest.fixture(scope="module")
@@ -101,15 +102,17 @@ def test_every_numeric_option_is_a_checked_number():
     plain = [(p, a.option_strings) for p, parser in commands() for a in parser._actions
              if a.type in (int, float)]
     assert plain == []
-    assert len(OPTIONS) >= 50 and {f for _, f, _ in OPTIONS} >= LISTS | {"--start-timeout"}
+    assert len(OPTIONS) >= 50 and "--start-timeout" in {f for _, f, _ in OPTIONS}
+    assert LISTS >= {"--lengths", "--ratios", "--request-rates", "--budgets", "--prompt-ids",
+                     "--skip", "--prefill-cpus", "--decode-cpus"}, LISTS
 
 
 @pytest.mark.parametrize("kind", sorted(BAD))
 def test_bad_values_of_every_numeric_option_are_one_line(kind, no_work, capsys):
     for path, flag, num in OPTIONS:
         for value in BAD[kind]:
-            if flag == "--request-rates" and value in ("inf", "Infinity"):
-                continue  # all at once: a rate, not an error
+            if isinstance(num, NumList) and num.inf_ok and value == "inf":
+                continue  # a request rate of inf: all at once, not an error
             refused(path, flag, value, no_work, capsys)
 
 
@@ -123,19 +126,45 @@ NUMBERS = (st.floats(allow_nan=True, allow_infinity=True) | st.integers(-10 ** 4
 
 @settings(max_examples=150, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(option=st.sampled_from([o for o in OPTIONS if o[2] is not None]), number=NUMBERS)
+@given(option=st.sampled_from(OPTIONS), number=NUMBERS)
 def test_any_number_is_refused_unless_in_range(option, number, no_work, capsys):
     """Out of the option's declared range: one line before any work. In range: the command goes
     on (to the model load, or a check that needs the data) and still ends in one line."""
-    path, flag, num = option
+    path, flag, kind = option
     text = as_text(number)
     try:
-        num(text)
+        if not (isinstance(kind, NumList) and kind.inf_ok and number == float("inf")):
+            single(kind)(text)
     except argparse.ArgumentTypeError:
         refused(path, flag, text, no_work, capsys)
         return
     code, lines, _ = run(argv_for(path, flag, text, no_work), capsys)
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in lines[0]
+
+
+HUGE_RANGES = ["0-999999999999", "0-9,5-" + "9" * 5000, ",".join(["0-3"] * 50) + ",0-10000000"]
+
+
+@pytest.mark.parametrize("text", HUGE_RANGES)
+def test_every_range_list_is_bounded_before_it_is_expanded(text, no_work, capsys):
+    """A range of 10^12 (or a 5000-digit end) in any range-list option: one short line at once,
+    no list built (a 10^12-number list would fill the machine; this stays under 4 MiB)."""
+    ranges = [(p, f) for p, f, kind in OPTIONS if isinstance(kind, RangeList)]
+    assert ranges
+    for path, flag in ranges:
+        tracemalloc.start()
+        line = refused(path, flag, text, no_work, capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert "out of range" in line and len(line) < 300 and peak < 4 << 20, (path, flag, line)
+
+
+def test_serve_disaggregated_refuses_a_core_range_of_a_trillion_at_once(no_work, capsys):
+    code, lines, seconds = run(["serve", "--disaggregated", "--prefill-cpus", "0-999999999999"],
+                               capsys)
+    assert code == 2 and len(lines) == 1 and seconds < 5, (code, lines, seconds)
+    assert "argument --prefill-cpus: core(s) in '0-999999999999' out of range: this machine " \
+           "has cores 0.." in lines[0], lines
 
 
 @pytest.mark.parametrize("argv, why", [

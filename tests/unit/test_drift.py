@@ -178,6 +178,8 @@ def test_cosine_and_kl_helpers():
     assert got.item() == pytest.approx(ref, rel=1e-9)
 
 
-def test_cli_bad_input_exits_1(capsys):
-    assert cli.main(["drift", "--prompt", "x", "--lengths", "a,b"]) == 1
-    assert "--lengths" in capsys.readouterr().err
+def test_cli_bad_lengths_are_one_line_while_the_flags_are_parsed(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["drift", "--prompt", "x", "--lengths", "a,b"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "argument --lengths: each value" in err[0]

@@ -1,4 +1,5 @@
 """Property tests (Hypothesis) of every parser and stored record: any input either works or raises the project's one-line error type, never another exception."""
+import argparse
 import contextlib
 import csv
 import io
@@ -14,7 +15,8 @@ from hypothesis import strategies as st
 
 from pop_analysis.commands import calibrate as calibrate_command
 from pop_analysis.commands import drift as drift_command
-from pop_analysis.commands._common import int_list
+from pop_analysis.commands._common import LAYER_LIST, NumList, core_list
+from pop_analysis.commands.generate import TOKEN_ID
 from pop_analysis.data import readers
 from pop_analysis.data.prompts import SUFFIXES, load_prompts
 from pop_analysis.engine.generate import SamplingConfig
@@ -89,17 +91,43 @@ def test_skip_ratio_gives_a_tail_or_one_line(ratio, n):
         assert layers == tuple(range(n - len(layers), n)) and len(layers) < n
 
 
+@contextlib.contextmanager
+def parsed_or_one_flag_line():
+    """An argparse type's contract: a value, or an ArgumentTypeError of one short line."""
+    try:
+        yield
+    except argparse.ArgumentTypeError as e:
+        assert str(e).strip() and "\n" not in str(e) and len(str(e)) < 300, str(e)
+
+
 @given(text=st.from_regex(r"[0-9 ,\-e.]{0,30}", fullmatch=True) | st.text(max_size=30))
 def test_prompt_ids_parse_or_one_line(text):
-    with works_or_one_line():
-        ids = int_list(text, "--prompt-ids")
+    with parsed_or_one_flag_line():
+        ids = NumList(TOKEN_ID)(text)
         assert ids and all(isinstance(i, int) and i >= 0 for i in ids)
 
 
-@given(ids=st.lists(st.integers(0, 10 ** 12 - 1), min_size=1, max_size=20),
+@given(ids=st.lists(st.integers(0, 2 ** 31 - 1), min_size=1, max_size=20),
        sep=st.sampled_from([",", ", ", " ,", ",,"]))
 def test_prompt_ids_round_trip(ids, sep):
-    assert int_list(sep.join(map(str, ids)), "--prompt-ids") == ids
+    assert NumList(TOKEN_ID)(sep.join(map(str, ids))) == ids
+
+
+@given(text=st.from_regex(r"[0-9 ,\-]{0,24}", fullmatch=True) | st.text(max_size=24))
+def test_core_and_layer_lists_parse_or_one_line(text):
+    for kind in (core_list(), LAYER_LIST):
+        with parsed_or_one_flag_line():
+            got = kind(text)
+            assert list(got) == sorted(set(got)) and all(0 <= i < kind.bound for i in got)
+
+
+@given(lo=st.integers(0, 10 ** 15), hi=st.integers(0, 10 ** 15))
+def test_a_core_range_is_exactly_its_cores_or_refused(lo, hi):
+    cores = core_list()
+    try:
+        assert cores(f"{lo}-{hi}") == tuple(range(lo, hi + 1)) and lo <= hi < cores.bound
+    except argparse.ArgumentTypeError as e:
+        assert hi < lo or hi >= cores.bound, e
 
 
 ANY = (st.none() | st.booleans() | st.integers(-10, 10 ** 20) | st.text(max_size=4)
