@@ -30,9 +30,9 @@ import torch
 
 from pop_analysis.data.prompts import load_prompts
 from pop_analysis.engine.generate import SamplingConfig, encode, generate
-from pop_analysis.engine.heal import heal_greedy, heal_prompt
+from pop_analysis.engine.heal import Healer, first_differing_layer, heal_greedy, heal_prompt
 from pop_analysis.engine.models import load_model
-from pop_analysis.engine.pop import left_pad
+from pop_analysis.engine.pop import FirstStep, left_pad
 from pop_analysis.engine.skipset import describe, resolve
 from pop_analysis.quality.metrics import agreement
 from pop_analysis.quality.retrieval import RetrievalConfig, retrieval_items
@@ -46,10 +46,11 @@ DATA = ROOT.parent / "shared" / "data"
 
 
 def settings(args) -> dict:
-    """The runs compared: name -> (variant, Heal)."""
+    """The runs compared: name -> (variant, Heal); --policies picks the healing ones."""
+    heals = {"eager": make("eager", chunk=args.chunk),
+             "budget": make("budget", chunk=args.chunk, budget_positions=args.budget)}
     return {"full": ("full", NO_HEAL), "pop": ("pop", NO_HEAL),
-            "heal_eager": ("pop", make("eager", chunk=args.chunk)),
-            "heal_budget": ("pop", make("budget", chunk=args.chunk, budget_positions=args.budget))}
+            **{f"heal_{p}": ("pop", heals[p]) for p in args.policies.split(",")}}
 
 
 def write(name: str, payload: dict) -> None:
@@ -82,6 +83,20 @@ def greedy(lm, ids, mask, variant, skip, heal, n_new):
     return toks, (healer.report() if healer else None)
 
 
+def shared_prefill(lm, ids, mask, skip, runs, n_new) -> dict:
+    """The POP runs of `runs` from one pruned prefill (each on its own copy of the cache): the
+    prefill is the same computation for plain POP and every healing policy."""
+    a = lm.adapter
+    first, _ = heal_prompt(a, ids, "pop", skip, make("eager"), attention_mask=mask)
+    out = {}
+    for name, (_, heal) in runs.items():
+        own = FirstStep(first.logits, a.fork_cache(first.cache, first.position + n_new),
+                        first.position, first.attention_mask, first.trunk)
+        healer = Healer(a, heal, own, first_differing_layer(a, "pop", skip)) if heal.active else None
+        out[name] = (heal_greedy(a, own, healer, n_new).tolist(), healer and healer.report())
+    return out
+
+
 def batches(items, size):
     for i in range(0, len(items), size):
         yield i, items[i:i + size]
@@ -95,8 +110,10 @@ def quality(args, lm, skip) -> None:
     t0 = time.time()
     for i, group in batches(prompts, args.batch):
         ids = torch.tensor(group)  # (B, T): every prompt has the same length, no padding
-        for name, (variant, heal) in runs.items():
-            toks, rep = greedy(lm, ids, None, variant, skip, heal, args.new)
+        got = {"full": greedy(lm, ids, None, "full", skip, NO_HEAL, args.new)}
+        got.update(shared_prefill(lm, ids, None, skip, {k: v for k, v in runs.items() if k != "full"},
+                                  args.new))
+        for name, (toks, rep) in got.items():
             outs[name] += toks
             horizons[name] += [rep and rep["horizon_tokens"]] * len(group)
         print(f"[{time.time() - t0:.0f}s] {i + len(group)}/{len(prompts)} prompts", flush=True)
@@ -107,15 +124,15 @@ def quality(args, lm, skip) -> None:
         if k == "full":
             continue
         est = mean_ci(per[k], bounds=(0.0, 1.0))
-        summary[k] = {"agreement": est.mean, "ci": est.ci, "n": est.n,
+        summary[k] = {"agreement": est.value, "ci": est.ci, "n": est.n,
                       "exact": proportion_ci([a == 1.0 for a in per[k]]).__dict__,
                       "first_token_same": float(np.mean(first_same[k])),
                       "horizon_median": _median(horizons[k])}
         if k != "pop":
             d = paired_delta(per[k], per["pop"])
             gap = 1.0 - summary["pop"]["agreement"]
-            summary[k]["delta_vs_pop"] = {"mean": d.mean, "ci": d.ci}
-            summary[k]["gap_closed"] = {"mean": d.mean / gap, "ci": [c / gap for c in d.ci]} if gap else None
+            summary[k]["delta_vs_pop"] = {"mean": d.value, "ci": d.ci}
+            summary[k]["gap_closed"] = {"mean": d.value / gap, "ci": [c / gap for c in d.ci]} if gap else None
     write(f"quality_{lm.name}_{args.tokens}", {
         "model": lm.name, "tokens": args.tokens, "new_tokens": args.new, "skip": describe(skip),
         "runs": {k: {"variant": v, "heal": h.as_dict()} for k, (v, h) in runs.items()},
@@ -141,9 +158,9 @@ def retrieval(args, lm, skip) -> None:
             hits[name] += [t[:len(it.reference_ids)] == list(it.reference_ids) for t, it in zip(toks, group)]
         print(f"[{time.time() - t0:.0f}s] {i + len(group)}/{len(items)} items", flush=True)
     summary = {k: proportion_ci(v).__dict__ for k, v in hits.items()}
-    for k in ("pop", "heal_eager", "heal_budget"):
+    for k in [k for k in runs if k != "full"]:
         d = paired_delta([float(x) for x in hits[k]], [float(x) for x in hits["full"]])
-        summary[k]["delta_vs_full"] = {"mean": d.mean, "ci": d.ci}
+        summary[k]["delta_vs_full"] = {"mean": d.value, "ci": d.ci}
     write(f"retrieval_{lm.name}_{args.tokens}", {
         "model": lm.name, "tokens": args.tokens, "skip": describe(skip), "summary": summary,
         "runs": {k: {"variant": v, "heal": h.as_dict()} for k, (v, h) in runs.items()},
@@ -189,7 +206,7 @@ def timing(args, lm, skip) -> None:
     cfg = TimingConfig()
     first = ["full" if r % 2 == 0 else "variant" for r in range(args.rounds)]
     out = {}
-    for heal_name in ("heal_eager", "heal_budget"):
+    for heal_name in [k for k in runs if k.startswith("heal_")]:
         hz = [rd[heal_name]["heal"]["horizon_tokens"] for rd in rounds]
         ph = {k: [phases(rd[k]["times"], hz[i]) for i, rd in enumerate(rounds)] for k in runs}
 
@@ -233,6 +250,7 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=64, help="positions per step of the budget policy")
     p.add_argument("--ratio", type=float, default=0.33, help="skip the last share of layers")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--policies", default="eager,budget", help="healing policies compared")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     if args.stage == "report":

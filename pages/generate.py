@@ -12,6 +12,8 @@ from dashboard.session.resources import warmed_up
 from pop_analysis.engine.generate import SamplingConfig, encode
 from pop_analysis.engine.skipset import Preset, SkipSetError, describe, preset, validate
 from pop_analysis.errors import first_line
+from pop_vllm.healing import HEALABLE, POLICIES
+from pop_vllm.healing import make as make_heal
 from pop_vllm.variants import Variant
 
 V, P = Variant, Preset  # the shallow and interleaved rows are POP on the preset's skip set
@@ -53,13 +55,24 @@ if mode == "sampling":
     temperature = s[0].slider("Temperature", 0.05, 2.0, key=state.kept("gen.temp", 0.7))
     top_p = s[1].slider("Top-p", 0.05, 1.0, key=state.kept("gen.top_p", 0.9))
     seed = widgets.number(s[2], "Seed", 0, 2**31 - 1, key=state.kept("gen.seed", 0))
+h = st.columns([2, 1, 1])
+heal_policy = h[0].radio("Healing (after the first token)", POLICIES, horizontal=True,
+                         key=state.kept("gen.heal", "none"), disabled=variant not in HEALABLE,
+                         help="Recompute layers f..L-1 over the prompt between decode steps, so "
+                              "the cache becomes the full model's (docs/healing.md)")
+budget = widgets.number(h[1], "Positions per step", 2, 65536, key=state.kept("gen.heal_budget", 32),
+                        disabled=heal_policy != "budget")
+chunk = widgets.number(h[2], "Chunk (positions)", 1, 65536, key=state.kept("gen.heal_chunk", 64),
+                       disabled=heal_policy == "none")
+heal_policy = heal_policy if variant in HEALABLE else "none"
 cfg = SamplingConfig(max_new_tokens=int(max_new), temperature=temperature, top_p=top_p, seed=int(seed))
 run_skip = preset(variant, n) if variant in ("shallow", "interleaved") else skip
 st.caption(f"Skipped in prefill: layers {describe(run_skip)} ({len(run_skip)}/{n}); "
            "same seed for both runs when sampling.")
 now = {"prompt": prompt, "variant": SHORT[variant], "skip set": describe(run_skip),
        "decoding": mode if mode == "greedy" else f"sampling (T {temperature}, top-p {top_p}, seed {seed})",
-       "new tokens": int(max_new), "raw": raw}
+       "new tokens": int(max_new), "raw": raw,
+       "healing": heal_policy + (f" {budget} per step" if heal_policy == "budget" else "")}
 clicked = st.button("Generate", type="primary", key="gen.go", disabled=not prompt.strip() or widgets.refused(),
                     help=None if prompt.strip() else "type a prompt or pick an example first")
 
@@ -79,13 +92,15 @@ if clicked:
     try:
         ids = encode(lm, prompt or "", raw=raw)
         validate(run_skip, n)
+        heal = make_heal(heal_policy, int(chunk),
+                         budget_positions=int(budget) if heal_policy == "budget" else None)
         engine = "pop" if variant in ("shallow", "interleaved") else variant
         with widgets.run_lock():
             warmed_up(*state.model_spec().key)
             if engine == "pop_repair":
                 kv_repair.use_stored(lm, run_skip)  # the newest stored maps for this skip set
             full = stream_variant(lm, ids, "full", (), cfg, live(out["full"]))
-            other = stream_variant(lm, ids, engine, run_skip, cfg, live(out["other"]))
+            other = stream_variant(lm, ids, engine, run_skip, cfg, live(out["other"]), heal)
         measured = generate_speed.measure(lm, state.model_spec().key, ids, engine, run_skip)
         state.keep_result(state.GENERATION, {
             "model": lm.name, "prompt_tokens": len(ids), "full": full, "other": other, "label": VARIANTS[variant],

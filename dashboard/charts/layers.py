@@ -39,9 +39,10 @@ def layer_strip(n_layers: int, skip, importance=None, label: str = "prefill impo
 
 
 def call_counts_heatmap(counts: dict, title: str) -> go.Figure:
-    """counts[stage][kind][layer] -> a stage·kind x layer heatmap with the numbers printed."""
+    """counts[stage][kind][layer] -> a stage·kind x layer heatmap with the numbers printed
+    (healing's chunks, between decode steps, are a stage of their own)."""
     rows, z = [], []
-    for stage in ("prefill", "boundary", "decode"):
+    for stage in ("prefill", "boundary", "decode", "heal"):
         for kind, per_layer in counts.get(stage, {}).items():
             rows.append(f"{stage} · {kind}")
             z.append(per_layer)

@@ -7,7 +7,7 @@ import streamlit as st
 from dashboard.charts import generate as generate_charts
 from dashboard.charts import layers as layer_charts
 from dashboard.panels import exports, generate_lens, generate_speed, presenter, widgets
-from dashboard.panels.generate_stream import agreement, output_html, repeats, token_pieces
+from dashboard.panels.generate_stream import agreement, heal_line, output_html, repeats, token_pieces
 from dashboard.session import classmode, state
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.errors import first_line
@@ -38,6 +38,8 @@ def show(lm: LoadedModel, res: dict, now: dict, out: dict) -> None:
                 st.error(f"Re-measuring failed: {first_line(e)}")
         generate_speed.show(res["speed"], name=name)
     departures(lm, full, other, share, first, name)
+    if heal_line(other.get("heal")):
+        st.info(heal_line(other["heal"]), icon=":material/healing:")
     figures = {"decode_pace": generate_charts.arrival_chart({"full": full["times"],
                                                              name: other["times"]})}
     presenter.plot(figures["decode_pace"], key="gen.arrival")

@@ -7,13 +7,29 @@ from __future__ import annotations
 
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.inspection.side_by_side import run_variant
+from pop_vllm.healing import NO_HEAL
 
 
 def stream_variant(lm: LoadedModel, prompt_ids: list[int], variant: str, skip, cfg,
-                   on_token=None) -> dict:
+                   on_token=None, heal=NO_HEAL) -> dict:
     """Generate with call counting on; `on_token(ids_so_far)` after each token. Returns a dict
     (pop_analysis.inspection.side_by_side.run_variant, which the stored examples use too)."""
-    return run_variant(lm, prompt_ids, variant, skip, cfg, on_token)
+    return run_variant(lm, prompt_ids, variant, skip, cfg, on_token, heal)
+
+
+def heal_line(rep: dict | None) -> str | None:
+    """What healing did, in one sentence for the page (None when the run did not heal)."""
+    if not rep:
+        return None
+    budget = (f", at most {rep['budget_positions']} positions" if rep["budget_positions"] else
+              f", about {rep['budget_ms']:g} ms" if rep["budget_ms"] else "")
+    how = f"Healing {rep['policy']}{budget} per decode step, chunks of {rep['chunk']} positions"
+    if rep["finished"]:
+        return (f"{how}: the cache was the full model's after token {rep['horizon_tokens']} "
+                f"(horizon h = {rep['horizon_tokens']}; {rep['chunks']} chunks, "
+                f"{sum(rep['heal_ms_per_step']):.0f} ms of healing in all).")
+    return (f"{how}: the answer ended first, {rep['healed_positions']} of {rep['positions']} "
+            "positions healed (a healed prefix is exact; the rest is still POP's).")
 
 
 def repeats(ids: list[int], longest: int = 6, times: int = 3) -> bool:

@@ -17,6 +17,7 @@ from pop_analysis.speed.timing import TimingConfig
 from pop_analysis.store import results as store
 from pop_analysis.store.records import check
 from pop_analysis.store.schema import Record
+from pop_vllm.healing import NO_HEAL, Heal
 
 KIND = "generation"
 TIMING = TimingConfig(min_rounds=3, budget_s=2.0, warmup=0)  # the two runs have just warmed up
@@ -42,14 +43,17 @@ class GenerationResult(Record):
 
 
 def run_variant(lm: LoadedModel, prompt_ids: list[int], variant: str, skip, cfg: SamplingConfig,
-                on_token=None) -> dict:
-    """One variant with call counting on; `on_token(ids_so_far)` after each token."""
+                on_token=None, heal: Heal = NO_HEAL) -> dict:
+    """One variant with call counting on; `on_token(ids_so_far)` after each token. With `heal`,
+    the result's "heal" holds what healing did (engine/heal.py's report)."""
     ids: list[int] = []
     times: list[float] = []
+    report = None
     with count_calls(lm.adapter) as counts:
-        for tok in generate(lm, prompt_ids, variant, skip, cfg, counts=counts):
+        for tok in generate(lm, prompt_ids, variant, skip, cfg, counts=counts, heal=heal):
             ids.append(tok.token_id)
             times.append(tok.elapsed_s)
+            report = tok.heal
             if on_token is not None:
                 on_token(ids)
     ttft = times[0] if times else 0.0
@@ -57,7 +61,7 @@ def run_variant(lm: LoadedModel, prompt_ids: list[int], variant: str, skip, cfg:
     return {"variant": variant, "skip": list(skip), "token_ids": ids, "times": times,
             "ttft_s": ttft, "decode_s": decode_s,
             "decode_tok_s": (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else None,
-            "counts": counts.as_dict()}
+            "counts": counts.as_dict(), "heal": report}
 
 
 def text_of(lm: LoadedModel, ids: list[int]) -> str:

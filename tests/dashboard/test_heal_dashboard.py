@@ -1,0 +1,32 @@
+"""Healing on the Generate page (AppTest, the embedded model): the policy and budget are offered,
+the run heals, the page says when the cache became the full model's, and the call counts show
+the healing chunks as a stage of their own."""
+from apptest_util import app, goto, temp_store, texts  # noqa: F401 (fixture)
+
+
+def test_generate_heals_under_a_budget_and_says_when_the_cache_became_exact():
+    at = goto(app(), "generate")
+    at.selectbox(key="gen.example").set_value("short: sky").run()
+    at.number_input(key="gen.max_new").set_value(8)
+    at.radio(key="gen.heal").set_value("budget").run()
+    at.number_input(key="gen.heal_budget").set_value(16)
+    at.number_input(key="gen.heal_chunk").set_value(8)
+    at.button(key="gen.go").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    other = at.session_state["lab.generation"]["other"]
+    rep = other["heal"]
+    assert (rep["policy"], rep["budget_positions"], rep["chunk"]) == ("budget", 16, 8)
+    assert rep["finished"], rep
+    line = next(t for t in texts(at.info).split("\n") if t.startswith("Healing budget"))
+    assert f"after token {rep['horizon_tokens']}" in line and "chunks of 8 positions" in line
+    heal = other["counts"]["heal"]
+    assert heal["attention"][20] == rep["chunks"] and heal["attention"][19] == 0  # layers f..L-1
+    assert "healing budget 16 per step" in texts(at.caption)
+
+
+def test_healing_is_offered_only_for_variants_it_can_heal():
+    at = goto(app(), "generate")
+    at.selectbox(key="gen.variant").set_value("static").run()
+    assert at.radio(key="gen.heal").disabled
+    at.selectbox(key="gen.variant").set_value("pop").run()
+    assert not at.radio(key="gen.heal").disabled
