@@ -2,7 +2,7 @@
 import streamlit as st
 
 from dashboard.charts import drift as drift_charts
-from dashboard.panels import drift_runs, exports, kv_repair, presenter, widgets
+from dashboard.panels import drift_heal, drift_runs, exports, kv_repair, presenter, widgets
 from dashboard.session import classmode, jobs, state
 from pop_analysis.data.example_prompts import EXAMPLES, SHORT
 from pop_analysis.engine.generate import encode
@@ -105,6 +105,8 @@ drift_runs.stored_runs()
 res_b = st.session_state.get(state.DRIFT_B)
 if res is not None and res_b is not None:
     drift_runs.side_by_side(res, res_b, figures)
+
+drift_heal.section(lm, skip, prompt, raw, figures)
 
 st.subheader("Drift vs context length")
 c = st.columns([3, 1], vertical_alignment="bottom")

@@ -103,3 +103,19 @@ def drift_length_chart(rows: list[dict]) -> go.Figure:
                                   showgrid=False, tickformat=TICKS, range=padded_range(kl, lower=0.0)))
     fig.update_xaxes(title="context length (tokens)", type="log")
     return layout(fig, "Drift vs context length", height=380)
+
+
+def healing_chart(res: dict, quantity: str = "v") -> go.Figure:
+    """Drift while healing: layer x tokens out, 1 - cosine of the prompt rows' K or V to the full
+    model's cache (a HealDrift as a dict); the horizon marked where the cache became exact."""
+    z = [list(col) for col in zip(*res[quantity])]  # (layer, step)
+    fig = go.Figure(go.Heatmap(z=z, x=res["tokens_out"], y=list(range(len(z))), colorscale="Reds",
+                               zmin=0, colorbar=dict(title="1 - cos"),
+                               hovertemplate="layer %{y}, %{x} tokens out: %{z:.4f}<extra></extra>"))
+    if res.get("horizon") is not None:
+        fig.add_vline(x=res["horizon"] + 0.5, line_dash="dash", line_color=FULL,
+                      annotation_text=f"exact from token {res['horizon'] + 1}")
+    fig.update_xaxes(title="tokens out (healing runs before each decode step)", dtick=1)
+    fig.update_yaxes(title="layer", dtick=1 if len(z) <= 40 else 4)
+    name = COSINE_NAMES["k" if quantity == "k" else "v"]
+    return layout(fig, f"Drift of the prompt's {name} while healing", height=360)

@@ -201,11 +201,15 @@ def heal_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop"
 
 @torch.inference_mode()
 def heal_greedy(adapter: DecoderAdapter, first: FirstStep, healer: Healer | None,
-                max_new_tokens: int = 16) -> torch.Tensor:
-    """Greedy tokens (B, T) from `heal_prompt`'s result, healing by its policy between steps."""
+                max_new_tokens: int = 16, on_step=None) -> torch.Tensor:
+    """Greedy tokens (B, T) from `heal_prompt`'s result, healing by its policy between steps.
+    `on_step(tokens_out)` runs after the first token and after each decode step (the cache is
+    then as that step left it)."""
     mask = first.attention_mask  # (B, N) or None
     nxt = first.logits.argmax(-1, keepdim=True)  # (B, 1)
     out, position = [nxt], first.position
+    if on_step is not None:
+        on_step(1)
     for _ in range(max_new_tokens - 1):
         if mask is not None:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, position+1)
@@ -217,4 +221,6 @@ def heal_greedy(adapter: DecoderAdapter, first: FirstStep, healer: Healer | None
         nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
         out.append(nxt)
         position += 1
+        if on_step is not None:
+            on_step(len(out))
     return torch.cat(out, dim=1).cpu()  # (B, T)

@@ -30,3 +30,16 @@ def test_healing_is_offered_only_for_variants_it_can_heal():
     assert at.radio(key="gen.heal").disabled
     at.selectbox(key="gen.variant").set_value("pop").run()
     assert not at.radio(key="gen.heal").disabled
+
+
+def test_the_drift_page_shows_each_layers_drift_falling_to_zero_while_healing():
+    at = goto(app(), "drift")
+    at.number_input(key="drift.heal_budget").set_value(12)
+    at.number_input(key="drift.heal_steps").set_value(6)
+    at.button(key="drift.heal_go").click().run()
+    assert not at.exception and not at.error, texts(at.error)
+    res = at.session_state["lab.heal_drift"]
+    assert res["horizon"] is not None and res["healed"][-1] > res["prompt_tokens"]
+    first, last = res["v"][0], res["v"][-1]
+    assert max(first[21:]) > 1e-3 and max(last) < 1e-5  # layers above f=20 drift, then none do
+    assert f"after {res['horizon']} tokens" in texts(at.caption)

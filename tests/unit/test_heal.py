@@ -218,3 +218,21 @@ def test_the_cli_refuses_bad_healing_in_one_line_before_loading_a_model(flags, w
     assert done.value.code != 0
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and words in err[-1], err
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_the_drift_of_each_layer_falls_to_zero_as_healing_proceeds(family):
+    from pop_analysis.inspection.heal_drift import healing_drift
+
+    lm = tiny_model(family)
+    r = healing_drift(lm, tiny_prompt(20), (2, 4), make("budget", chunk=4, budget_positions=6), 8)
+    assert r.tokens_out == list(range(1, 9)) and r.horizon == 4  # 6 per step: 24 >= 20 + 3
+    for drift in (r.k, r.v):
+        # Up to f itself nothing differs (layer f projects K/V from its exact input).
+        assert all(d < 1e-5 for step in drift for d in step[:3]), "up to f nothing differs"
+        assert all(d > 1e-3 for d in drift[0][3:]), "plain POP's drift at the first token"
+        for i in range(3, 6):  # every layer above f, the kept layers 3 and 5 included
+            col = [step[i] for step in drift]
+            if lm.adapter.windows[i] is None:  # a window's moving rows make its mean jump
+                assert all(b <= a + 1e-6 for a, b in zip(col, col[1:])), (i, col)
+            assert all(d < 1e-5 for d in col[4:]), (i, col)  # exact once 4 tokens are out
