@@ -117,12 +117,17 @@ def quality(args, lm, skip) -> None:
             outs[name] += toks
             horizons[name] += [rep and rep["horizon_tokens"]] * len(group)
         print(f"[{time.time() - t0:.0f}s] {i + len(group)}/{len(prompts)} prompts", flush=True)
+        if len(outs["full"]) >= 2:  # what is measured so far is kept, with its n
+            write_quality(args, lm, skip, runs, outs, horizons, len(prompts))
+
+
+def write_quality(args, lm, skip, runs, outs, horizons, planned: int) -> None:
+    """Agreement of each run's greedy tokens with the full model's: mean and 95% interval, exact
+    share, the paired difference to plain POP and the share of POP's gap to 100% it closes."""
     per = {k: [agreement(r, o).match_rate for r, o in zip(outs["full"], v)] for k, v in outs.items()}
     first_same = {k: [float(r[0] == o[0]) for r, o in zip(outs["full"], v)] for k, v in outs.items()}
     summary = {}
-    for k in runs:
-        if k == "full":
-            continue
+    for k in [k for k in runs if k != "full"]:
         est = mean_ci(per[k], bounds=(0.0, 1.0))
         summary[k] = {"agreement": est.value, "ci": est.ci, "n": est.n,
                       "exact": proportion_ci([a == 1.0 for a in per[k]]).__dict__,
@@ -132,12 +137,14 @@ def quality(args, lm, skip) -> None:
             d = paired_delta(per[k], per["pop"])
             gap = 1.0 - summary["pop"]["agreement"]
             summary[k]["delta_vs_pop"] = {"mean": d.value, "ci": d.ci}
-            summary[k]["gap_closed"] = {"mean": d.value / gap, "ci": [c / gap for c in d.ci]} if gap else None
+            summary[k]["gap_closed"] = ({"mean": d.value / gap, "ci": [c / gap for c in d.ci]}
+                                        if gap else None)
     write(f"quality_{lm.name}_{args.tokens}", {
         "model": lm.name, "tokens": args.tokens, "new_tokens": args.new, "skip": describe(skip),
         "runs": {k: {"variant": v, "heal": h.as_dict()} for k, (v, h) in runs.items()},
         "data": "GSM8K few-shot (train examples + a test question), cut to the last tokens",
-        "summary": summary, "per_item": {"agreement": per, "horizon": horizons}})
+        "planned_prompts": planned, "summary": summary,
+        "per_item": {"agreement": per, "horizon": horizons}})
 
 
 def _median(xs):
