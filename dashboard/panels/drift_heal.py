@@ -21,10 +21,11 @@ def section(lm, skip, prompt: str, raw: bool, figures: dict) -> None:
                "docs/healing.md). Each column is the cache after one more step: the prompt rows' "
                "drift from the full model's falls to 0, layer by layer, as the healed prefix grows.")
     c = st.columns(4, vertical_alignment="bottom")
-    budget = c[0].number_input("Positions per step", 2, 65536, key=state.kept("drift.heal_budget", 16))
-    chunk = c[1].number_input("Chunk", 1, 65536, key=state.kept("drift.heal_chunk", 16))
-    steps = c[2].number_input("New tokens", 2, 128, key=state.kept("drift.heal_steps", 12))
-    if c[3].button("Heal and measure", key="drift.heal_go", disabled=not prompt.strip()):
+    budget = widgets.number(c[0], "Positions per step", 2, 65536, key=state.kept("drift.heal_budget", 16))
+    chunk = widgets.number(c[1], "Chunk", 1, 65536, key=state.kept("drift.heal_chunk", 16))
+    steps = widgets.number(c[2], "New tokens", 2, 128, key=state.kept("drift.heal_steps", 12))
+    if c[3].button("Heal and measure", key="drift.heal_go",
+                   disabled=not prompt.strip() or widgets.refused()):
         try:
             ids = encode(lm, prompt, raw=raw)
             heal = make("budget", int(chunk), budget_positions=int(budget))
