@@ -72,7 +72,8 @@ st.caption(f"Skipped in prefill: layers {describe(run_skip)} ({len(run_skip)}/{n
 now = {"prompt": prompt, "variant": SHORT[variant], "skip set": describe(run_skip),
        "decoding": mode if mode == "greedy" else f"sampling (T {temperature}, top-p {top_p}, seed {seed})",
        "new tokens": int(max_new), "raw": raw,
-       "healing": heal_policy + (f" {budget} per step" if heal_policy == "budget" else "")}
+       "healing": heal_policy + (f" {int(budget)} per step"
+                                 if heal_policy == "budget" and budget is not None else "")}
 clicked = st.button("Generate", type="primary", key="gen.go", disabled=not prompt.strip() or widgets.refused(),
                     help=None if prompt.strip() else "type a prompt or pick an example first")
 
