@@ -17,7 +17,7 @@ from pathlib import Path
 import streamlit as st
 
 from dashboard.panels import presenter, widgets
-from dashboard.session import classmode, jobs, links, report, state
+from dashboard.session import classmode, jobs, links, precision_state, report, state
 
 ROOT = Path(__file__).resolve().parent.parent  # pages/ is resolved from here: any working directory
 
@@ -46,7 +46,7 @@ st.sidebar.title("✂️ POP Lab")
 widgets.model_form()
 lm = widgets.current_model()
 widgets.model_panel(lm)
-skip = None
+skip, int8 = None, ()
 if lm is not None:
     state.follow_model(lm.name)
     classmode.fill(lm.name, lm.adapter.n_layers)
@@ -55,14 +55,15 @@ if lm is not None:
     st.sidebar.divider()
     widgets.skip_badge(lm)
     skip = st.session_state.get(state.SKIP)
+    int8 = precision_state.int8_for(lm.adapter.n_layers, skip or ())
 for line in jobs.running_summary():
     st.sidebar.caption(f"Running: {line}")
-query = links.write_link(skip, nav.url_path)
+query = links.write_link(skip, nav.url_path, int8)
 if state.link_skip_error():
     st.error(state.link_skip_error())
 st.sidebar.divider()
 presenter.toggle()
 report.button()
-st.sidebar.caption(f"Share: the address bar links to this page, model and skip set (`?{query}`).")
+st.sidebar.caption(f"Share: the address bar links to this page, model, skip set and int8 layers (`?{query}`).")
 
 nav.run()

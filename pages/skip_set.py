@@ -6,7 +6,8 @@ before it is drawn, so a change from any of them (or from the sidebar box) shows
 import streamlit as st
 
 from dashboard.charts import layers as layer_charts
-from dashboard.panels import exports, kv_repair, presenter, skip_set_budget, widgets
+from dashboard.panels import (exports, kv_repair, precision_controls, presenter, skip_set_budget,
+                              widgets)
 from dashboard.session import state
 from pop_analysis.engine.skipset import SkipSetError, describe, last_block, preset
 from pop_analysis.importance.calibrate import suggest_skip
@@ -121,5 +122,6 @@ exports.offer("skip_set", data={"model": lm.name, "n_layers": n, "skip": list(sk
                                 "layers": rows},
               rows=rows, figures={"layer_strip": fig})
 
+precision_controls.section(lm, skip)  # int8 prompt layers beside the skip set, the frontier
 skip_set_budget.section(lm)  # the largest set within a quality budget
 kv_repair.skip_set_panel(lm, skip)  # beyond the paper: fit and list K/V repairs

@@ -6,7 +6,7 @@ URL (?step=k), so a link opens the same frame.
 import streamlit as st
 
 from dashboard.panels import exports, stepthrough_player, widgets
-from dashboard.session import classmode, jobs, state
+from dashboard.session import classmode, jobs, precision_state, state
 from pop_analysis.data.example_prompts import STEP
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
@@ -26,6 +26,7 @@ if not present:
 lm = widgets.model_or_stop()
 n = lm.adapter.n_layers
 skip = state.skip_for(n)
+int8 = precision_state.int8_for(n, skip)  # layers whose prompt the POP run reads in int8
 
 box = st.container(border=True) if not present else None
 player = st.container()
@@ -34,17 +35,17 @@ with box:
     c = st.columns([4, 1], vertical_alignment="bottom")
     prompt = c[0].text_input("Prompt (2-48 tokens, no chat template; POP gains visibly from ~30)",
                              key=state.kept("step.prompt", STEP))
-    now = {"prompt": prompt, "skip set": describe(skip)}
+    now = {"prompt": prompt, "skip set": describe(skip), "int8 layers": describe(int8)}
     go = c[1].button("Record this prompt", type="primary", key="step.go",
                      disabled=jobs.running("stepthrough") or not prompt.strip())
-    st.caption(f"Skipped in POP's prefill: layers {describe(skip)} ({len(skip)}/{n}), from the "
-               "Skip set page or the sidebar. Recording runs each model once with hooks, then "
+    st.caption(f"Skipped in POP's prefill: layers {describe(skip)} ({len(skip)}/{n}); prompt in "
+               f"int8: {describe(int8)}; from the Skip set page or the sidebar. Recording runs each model once with hooks, then "
                "times both without hooks over 5 rounds.")
     if go:
         try:
             ids = stp.encode_short(lm, prompt)
             jobs.start("stepthrough", "Recording the step-through", lambda p: stp.cached_stepthrough(
-                lm, ids, skip, stp.StepConfig(), prompt, progress=p, notice=p.notice),
+                lm, ids, skip, stp.StepConfig(int8=int8), prompt, progress=p, notice=p.notice),
                 lambda job: jobs.outcome(
                     job, state.STEPTHROUGH, "Step-through", "use a shorter prompt.",
                     lambda part: "nothing", lambda r: f"recorded in {duration(r.seconds)}"),

@@ -9,16 +9,20 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.charts.style import DECODE, FULL, POP, PREFILL, alpha, layout
+from dashboard.charts.style import DECODE, FULL, INT8, POP, PREFILL, alpha, layout
 
-IDLE, RAN, KV = 0, 1, 2  # compute grid: not run in this step, attention + FFN, K/V projection only
-# cache grid: empty, written earlier (full layer / K/V projection), written in this step
-EMPTY, OLD_FULL, OLD_KV, NEW_FULL, NEW_KV = 0, 1, 2, 3, 4
+# compute grid: not run in this step, attention + FFN, K/V projection only, the int8 layer
+IDLE, RAN, KV, RAN8 = 0, 1, 2, 3
+# cache grid: empty, written earlier (full layer / K/V projection), written in this step, and
+# written by an int8 layer (earlier, now)
+EMPTY, OLD_FULL, OLD_KV, NEW_FULL, NEW_KV, OLD_INT8, NEW_INT8 = 0, 1, 2, 3, 4, 5, 6
 RAN_TEXT = {IDLE: "not run in this step", RAN: "attention + FFN",
-            KV: "K/V projection only (h passes through)"}
+            KV: "K/V projection only (h passes through)", RAN8: "attention + FFN in int8"}
 CACHE_TEXT = {EMPTY: "empty", OLD_FULL: "K/V from the full layer (earlier step)",
               OLD_KV: "K/V from the projection alone (earlier step)",
-              NEW_FULL: "written now by the full layer", NEW_KV: "written now by the projection alone"}
+              NEW_FULL: "written now by the full layer", NEW_KV: "written now by the projection alone",
+              OLD_INT8: "K/V from the int8 layer (earlier step)",
+              NEW_INT8: "written now by the int8 layer"}
 RUN_COLOURS = {"prefill": PREFILL, "boundary": DECODE, "decode": FULL}
 
 
@@ -45,18 +49,22 @@ def _short(piece: str, width: int = 9) -> str:
     return p if len(p) <= width else p[: width - 1] + "…"
 
 
-def _paint(z: list[list[int]], step: dict, full: int, kv: int) -> None:
-    """Mark the step's cells: positions run in full as `full`, projected K/V alone as `kv`."""
+def _paint(z: list[list[int]], step: dict, full: int, kv: int, int8: int) -> None:
+    """Mark the step's cells: positions run in full as `full`, projected K/V alone as `kv`, run by
+    an int8 layer as `int8` (steps recorded before int8 layers existed have none)."""
+    ran8 = step.get("int8") or [[] for _ in z]
     for i, row in enumerate(z):
         for p in step["attention"][i]:
             row[p] = full
         for p in step["kv"][i]:
             row[p] = kv
+        for p in ran8[i]:
+            row[p] = int8
 
 
 def compute_cells(step: dict, n_layers: int, width: int) -> list[list[int]]:
     z = [[IDLE] * width for _ in range(n_layers)]
-    _paint(z, step, RAN, KV)
+    _paint(z, step, RAN, KV, RAN8)
     return z
 
 
@@ -64,8 +72,8 @@ def cache_cells(step: dict, earlier: list[dict], n_layers: int, width: int) -> l
     """Every cell a K/V was written to, by the steps before (faint) and this one."""
     z = [[EMPTY] * width for _ in range(n_layers)]
     for e in earlier:
-        _paint(z, e, OLD_FULL, OLD_KV)
-    _paint(z, step, NEW_FULL, NEW_KV)
+        _paint(z, e, OLD_FULL, OLD_KV, OLD_INT8)
+    _paint(z, step, NEW_FULL, NEW_KV, NEW_INT8)
     return z
 
 
@@ -79,17 +87,21 @@ def step_grid(step: dict, earlier: list[dict], n_layers: int, labels: list[str],
     cache = cache_cells(step, earlier, n_layers, width)
     layers = list(range(n_layers))
     fig.add_trace(go.Heatmap(
-        z=ran, x=labels, y=layers, zmin=-0.5, zmax=2.5, showscale=False, xgap=2, ygap=1,
-        colorscale=_scale(["#f2f2f2", PREFILL, DECODE]),
+        z=ran, x=labels, y=layers, zmin=-0.5, zmax=3.5, showscale=False, xgap=2, ygap=1,
+        colorscale=_scale(["#f2f2f2", PREFILL, DECODE, INT8]),
         customdata=[[RAN_TEXT[v] for v in row] for row in ran],
         hovertemplate="layer %{y}, %{x}: %{customdata}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Heatmap(
-        z=cache, x=labels, y=layers, zmin=-0.5, zmax=4.5, showscale=False, xgap=2, ygap=1,
-        colorscale=_scale(["#ffffff", alpha(PREFILL, 0.35), alpha(DECODE, 0.35), PREFILL, DECODE]),
+        z=cache, x=labels, y=layers, zmin=-0.5, zmax=6.5, showscale=False, xgap=2, ygap=1,
+        colorscale=_scale(["#ffffff", alpha(PREFILL, 0.35), alpha(DECODE, 0.35), PREFILL, DECODE,
+                           alpha(INT8, 0.35), INT8]),
         customdata=[[CACHE_TEXT[v] for v in row] for row in cache],
         hovertemplate="layer %{y}, %{x}: %{customdata}<extra></extra>"), row=1, col=2)
-    for name, colour in (("attention + FFN", PREFILL), ("K/V projection only", DECODE),
-                         ("written earlier (faint)", alpha(PREFILL, 0.35))):
+    legend = [("attention + FFN", PREFILL), ("K/V projection only", DECODE),
+              ("written earlier (faint)", alpha(PREFILL, 0.35))]
+    if any(RAN8 in row for row in ran) or any(OLD_INT8 in r or NEW_INT8 in r for r in cache):
+        legend.insert(2, ("attention + FFN in int8", INT8))
+    for name, colour in legend:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=14, color=colour)))
     fig.update_xaxes(tickangle=-60, type="category",  # a 40-token prompt still gets every label

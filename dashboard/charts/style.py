@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 
 PREFILL, DECODE, POP, FULL = "#1f77b4", "#ff7f0e", "#2ca02c", "#444444"
 FLAGGED = "#d62728"  # a speed the timing protocol did not trust
+INT8 = "#9467bd"  # a layer whose prompt runs in int8 (stage-aware precision)
 SKIP_SHADE = "rgba(120,120,120,0.15)"
 
 

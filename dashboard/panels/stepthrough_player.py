@@ -79,8 +79,9 @@ def _player(n_frames: int) -> None:
 
 
 def cells(step: dict) -> tuple[int, int, int]:
-    """(layer x token cells run in full, cells that only projected K/V, K/V cells written)."""
-    full = sum(len(p) for p in step["attention"])
+    """(layer x token cells run in full (fp32 or int8), cells that only projected K/V, K/V cells
+    written)."""
+    full = sum(len(p) for p in step["attention"]) + sum(len(p) for p in step.get("int8") or [])
     kv = sum(len(p) for p in step["kv"])
     return full, kv, full + kv
 
@@ -106,7 +107,8 @@ def frame(rec, f: dict) -> dict:
     m[1].metric("FLOPs of this step", f"{shown['flops'] / rec.full_prefill_flops:.1%}",
                 f"of the full prefill ({shown['flops'] / 1e6:.0f} MFLOP)", delta_color="off",
                 delta_arrow="off")
-    positions = sorted({q for part in ("attention", "kv") for row in shown[part] for q in row})
+    positions = sorted({q for part in ("attention", "kv", "int8") for row in shown.get(part) or []
+                        for q in row})
     m[2].metric("K/V cells written", f"{written}", f"{len(positions)} position(s), each in every "
                 "layer that ran on it", delta_color="off", delta_arrow="off")
     who = "POP" if shown["run"] == "pop" else "full"

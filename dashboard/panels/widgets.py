@@ -248,11 +248,16 @@ def skip_badge(lm: LoadedModel, where=None) -> None:
 
     where = where or st.sidebar
     n = lm.adapter.n_layers
+    from dashboard.panels import precision_controls
+    from dashboard.session.precision_state import int8_for
+
     skip = state.skip_for(n)
+    int8 = int8_for(n, skip)
     ideal = ideal_speedup(lm.adapter.shape, 512, skip)
+    colour = {**{i: precision_controls.INT8_COLOUR for i in int8}, **{i: "#f3b37a" for i in skip}}
     cells = "".join(
         f'<span title="layer {i}" style="display:inline-block;width:{max(2, 180 // n)}px;height:12px;'
-        f'margin-right:1px;background:{"#f3b37a" if i in skip else "#cfe3f5"}"></span>'
+        f'margin-right:1px;background:{colour.get(i, "#cfe3f5")}"></span>'
         for i in range(n))
     where.markdown(f"**Skip set:** {html.escape(describe(skip))} "
                    f"({len(skip)}/{n} layers) · ideal prefill speedup {ideal:.2f}× at 512 tokens")
@@ -264,6 +269,7 @@ def skip_badge(lm: LoadedModel, where=None) -> None:
     err = st.session_state.pop(SKIP_ERROR, None)
     if err:
         where.error(f"Skip set unchanged: {err}")
+    precision_controls.sidebar_box(lm, skip, where)
 
 
 # ---------- data sets ----------

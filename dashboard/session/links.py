@@ -10,7 +10,7 @@ import os
 
 import streamlit as st
 
-from dashboard.session import state
+from dashboard.session import precision_state, state
 from pop_analysis.data.allowed_paths import PathNotAllowed, check_model
 from pop_analysis.engine.embedded import REGISTRY
 from pop_analysis.engine.skipset import SkipSetError, describe, parse_layers
@@ -63,6 +63,12 @@ def apply_link() -> None:
             st.session_state[state.SKIP_LAYERS_OF] = None  # checked once the model is known
         except SkipSetError as e:
             state.refuse_link_skip(q["skip"], str(e))
+    if "int8" in q:
+        try:
+            precision_state.from_link(parse_skip(q["int8"]))
+        except SkipSetError as e:
+            state.flash("warning", f"The link's int8 layers are not readable ({e}); none run in "
+                                   "int8.")
 
 
 def _fill_model_form(spec: state.ModelSpec) -> None:
@@ -76,12 +82,13 @@ def _fill_model_form(spec: state.ModelSpec) -> None:
     st.session_state["w.dtype"] = spec.dtype or "auto"
 
 
-def write_link(skip=None, page: str | None = None) -> str:
+def write_link(skip=None, page: str | None = None, int8=()) -> str:
     """Put the current model, skip set and presenter's view in the address bar (no rerun), and
     drop the parameters of pages other than `page`; returns the query."""
     spec = state.model_spec()
     want = {"model": spec.name, "device": spec.device, "dtype": spec.dtype,
             "skip": None if skip is None else skip_text(skip),
+            "int8": skip_text(int8) if int8 else None,
             PRESENT: "1" if state.presenting() else None}
     want.update({k: None for p, keys in PAGE_PARAMS.items() if p != page for k in keys})
     q = st.query_params

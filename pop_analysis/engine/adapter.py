@@ -263,15 +263,15 @@ class DecoderAdapter:
         zero = torch.zeros((), dtype=dtype, device=mask.device)
         return zero.masked_fill(~mask, torch.finfo(dtype).min)  # additive, as eager expects
 
-    def run_layer(self, i, h, pos, rope, cache, mask=None) -> torch.Tensor:
-        """Layer i in full (attention + FFN); writes its K/V into `cache`. Returns (B, T, D)
-        on layer i's device."""
+    def run_layer(self, i, h, pos, rope, cache, mask=None, twin=None) -> torch.Tensor:
+        """Layer i in full (attention + FFN), or `twin` in its place (an int8 copy: int8.py);
+        writes its K/V into `cache`. Returns (B, T, D) on layer i's device."""
         dev = self.layer_device(i)
         h = h.to(dev)  # (B, T, D)
         mask = self._kernel_mask(None if mask is None else mask.to(dev), h.dtype)
         kwargs = {CACHE_KWARG: cache, POS_EMB_KWARG: self._rope(i, rope, dev)}
-        return self.layers[i](h, attention_mask=mask, position_ids=pos.to(dev), use_cache=True,
-                              **kwargs)
+        layer = self.layers[i] if twin is None else twin
+        return layer(h, attention_mask=mask, position_ids=pos.to(dev), use_cache=True, **kwargs)
 
     def project_kv(self, i: int, h: torch.Tensor, rope,
                    maps: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,8 @@ import torch
 from pop_analysis.engine.heal import heal_prompt
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import (PromptError, check_prompt, check_text, check_variant,
-                                     decode_drop, decode_step)
+                                     decode_drop, decode_step, run_prompt)
+from pop_analysis.engine.precision import Precision, PrecisionError, decode_twins
 from pop_analysis.errors import InputError
 from pop_vllm.healing import NO_HEAL, Heal
 
@@ -172,14 +173,20 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=(),
-             cfg: SamplingConfig = SamplingConfig(), counts=None, heal: Heal = NO_HEAL):
+             cfg: SamplingConfig = SamplingConfig(), counts=None, heal: Heal = NO_HEAL,
+             precision: Precision | None = None):
     """Yield the new tokens of one variant one by one (a generator: the UI streams it).
 
     `counts` (from counters.count_calls) is told the stage: prefill, boundary, decode (and heal
     while a healing chunk runs). `heal` (pop_vllm.healing) heals the pruned prompt's cache
     between decode steps, after the first token; each Token then carries the healing so far.
+    `precision`: layers whose prompt runs in int8 (engine/precision.py); decode stays fp32.
     """
     check_variant(variant)
+    int8 = precision is not None and precision.active
+    if int8 and heal.active:
+        raise PrecisionError("healing re-runs the pruned layers in fp32 from the first skipped "
+                             "one up; it does not take int8 prompt layers: choose one of them")
     check_prompt(lm.adapter, len(prompt_ids), cfg.max_new_tokens)
     adapter = lm.adapter
     device = adapter.device
@@ -189,7 +196,11 @@ def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=
     ids = torch.tensor([prompt_ids], device=device)  # (1, N)
     synchronize(device)
     t0 = time.perf_counter()
-    first, healer = heal_prompt(adapter, ids, variant, skip, heal, counts)
+    if int8:
+        first, healer = run_prompt(adapter, ids, variant, skip, counts, precision=precision), None
+    else:
+        first, healer = heal_prompt(adapter, ids, variant, skip, heal, counts)
+    twins = decode_twins(adapter, precision)  # {} unless uniform int8 (a baseline)
     if counts is not None:
         counts.stage = "decode"
     nxt = pick(first.logits.cpu(), cfg, gen)  # (1, 1)
@@ -201,7 +212,8 @@ def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=
         if token in stop or index + 1 == cfg.max_new_tokens:
             return
         if healer is None:
-            logits = decode_step(adapter, nxt.to(device), first.cache, position, drop)  # (1, V)
+            logits = decode_step(adapter, nxt.to(device), first.cache, position, drop,
+                                 twins=twins)  # (1, V)
         else:
             healer.before_step(index + 1, counts)
             logits = healer.decode(nxt.to(device), position)  # (1, V)
@@ -211,11 +223,11 @@ def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=
 
 def run(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=(),
         cfg: SamplingConfig = SamplingConfig(), on_token=None, counts=None,
-        heal: Heal = NO_HEAL) -> Generation:
+        heal: Heal = NO_HEAL, precision: Precision | None = None) -> Generation:
     """Drain `generate` into a Generation; `on_token(Token)` sees each token as it arrives."""
     out = Generation(variant=variant)
     last = 0.0
-    for tok in generate(lm, prompt_ids, variant, skip, cfg, counts, heal):
+    for tok in generate(lm, prompt_ids, variant, skip, cfg, counts, heal, precision):
         out.heal = tok.heal
         if tok.index == 0:
             out.ttft_s = tok.elapsed_s

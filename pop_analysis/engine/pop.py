@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
+from pop_analysis.engine.precision import Precision, check as check_precision, twins as int8_twins
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
 from pop_vllm.variants import NO_BOUNDARY, PREFILL_SKIP_MODE, SkipMode, Variant
@@ -84,25 +85,27 @@ def check_prompt(adapter: DecoderAdapter, n_prompt: int, max_new_tokens: int = 0
 
 @torch.inference_mode()
 def prefill(adapter: DecoderAdapter, ids: torch.Tensor, cache, skip=(), skip_mode=None,
-            start: int = 0, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+            start: int = 0, attention_mask: torch.Tensor | None = None,
+            twins=None) -> torch.Tensor:
     """Run positions start..start+T-1 through the stack; return the last hidden state (B, 1, D).
 
     skip_mode (a SkipMode) for layers in `skip`: None runs them in full, KV writes the independent
     K/V projection of the incoming hidden state and passes it through, REPAIR does the same with
     the fitted projections registered for `skip` (see `repair_maps`), DROP does nothing.
     attention_mask (B, start+T), 1 = real token, 0 = left padding, covers every position so far;
-    None means no padding.
+    None means no padding. `twins` {layer: int8 copy} run in those layers' place.
     """
-    h = _stack(adapter, ids, cache, skip, skip_mode, start, attention_mask)  # (B, T, D)
+    h = _stack(adapter, ids, cache, skip, skip_mode, start, attention_mask, twins)  # (B, T, D)
     return h[:, -1:, :]  # (B, 1, D)
 
 
 def _stack(adapter: DecoderAdapter, ids, cache, skip, skip_mode, start,
-           attention_mask=None) -> torch.Tensor:
+           attention_mask=None, twins=None) -> torch.Tensor:
     """The layer loop shared by prefill and teacher forcing; returns every position (B, T, D)."""
     pad = padding(attention_mask, ids.shape[0], start + ids.shape[1])  # (B, start+T) or None
     h, pos = _embed(adapter, ids, start, pad)  # (B, T, D), (B, T)
-    return run_layers(adapter, h, pos, cache, skip, skip_mode, pad, range(adapter.n_layers))
+    return run_layers(adapter, h, pos, cache, skip, skip_mode, pad, range(adapter.n_layers),
+                      twins)
 
 
 def _embed(adapter: DecoderAdapter, ids, start, pad):
@@ -110,10 +113,12 @@ def _embed(adapter: DecoderAdapter, ids, start, pad):
     return h, adapter.positions(start, ids.shape[1], ids.shape[0], pad)  # (B, T)
 
 
-def run_layers(adapter: DecoderAdapter, h, pos, cache, skip, skip_mode, pad, layers) -> torch.Tensor:
+def run_layers(adapter: DecoderAdapter, h, pos, cache, skip, skip_mode, pad, layers,
+               twins=None) -> torch.Tensor:
     """Run `layers` over the chunk h (B, T, D) at positions pos (B, T); returns (B, T, D).
     Each layer attends to what `cache` holds for it and appends the chunk's K/V (healing runs
-    layers f..L-1 this way over a cache of its own).
+    layers f..L-1 this way over a cache of its own). `twins` {layer: module} runs those layers
+    through another copy (int8 precision, int8.py).
 
     Each layer builds its own mask (cache lengths and sliding windows differ per layer) and
     receives h on its own device (a device_map may split the stack).
@@ -121,10 +126,11 @@ def run_layers(adapter: DecoderAdapter, h, pos, cache, skip, skip_mode, pad, lay
     maps = repair_maps(adapter, skip).maps if skip_mode == SkipMode.REPAIR else {}
     skip = frozenset(skip) if skip_mode else frozenset()
     rope = adapter.rotary(h, pos)  # cos, sin: (B, T, Dh) (per layer type on Gemma-3)
+    twins = twins or {}
     for i in layers:
         if i not in skip:
             mask = adapter.layer_mask(i, cache, h.shape[1], pad)  # (B|1, 1, T, S+T) or None
-            h = adapter.run_layer(i, h, pos, rope, cache, mask)  # (B, T, D) on layer i's device
+            h = adapter.run_layer(i, h, pos, rope, cache, mask, twins.get(i))  # (B, T, D)
         elif skip_mode in (SkipMode.KV, SkipMode.REPAIR):
             k, v = adapter.project_kv(i, h, rope, maps.get(i))  # (B, Hkv, T, Dh) each
             adapter.write_kv(cache, i, k, v)
@@ -156,26 +162,28 @@ def left_pad(prompts, pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch
 
 @torch.inference_mode()
 def teacher_force(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: int,
-                  drop=(), attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                  drop=(), attention_mask: torch.Tensor | None = None,
+                  twins=None) -> torch.Tensor:
     """Feed known tokens at position.. through the stack (minus `drop`) in one chunk.
 
     Returns float logits for every fed position (B, T, V): logits[:, t] predicts token t+1.
     attention_mask: (B, position+T) padding mask, as in `prefill`.
     """
     h = _stack(adapter, ids, cache, drop, SkipMode.DROP if drop else None, position,
-               attention_mask)  # (B, T, D)
+               attention_mask, twins)  # (B, T, D)
     return adapter.logits(h).float()  # (B, T, V)
 
 
 @torch.inference_mode()
 def decode_step(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: int,
-                drop=(), attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                drop=(), attention_mask: torch.Tensor | None = None, twins=None) -> torch.Tensor:
     """One token per sequence at `position` through the stack (minus `drop`); logits (B, V).
 
-    attention_mask: (B, position+1) padding mask, as in `prefill`.
+    attention_mask: (B, position+1) padding mask, as in `prefill`; `twins` only for the uniform
+    int8 baseline (decode is otherwise always the original fp32 layers).
     """
     h = prefill(adapter, ids, cache, skip=drop, skip_mode=SkipMode.DROP if drop else None, start=position,
-                attention_mask=attention_mask)
+                attention_mask=attention_mask, twins=twins)
     return adapter.logits(h)[:, -1, :].float()  # (B, V)
 
 
@@ -193,15 +201,18 @@ class FirstStep:
 @torch.inference_mode()
 def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
                skip=(), counts=None, attention_mask: torch.Tensor | None = None,
-               keep_trunk: bool = False) -> FirstStep:
+               keep_trunk: bool = False, precision: Precision | None = None) -> FirstStep:
     """Prompt in -> logits of the first new token out, for one variant (boundary step included).
 
     `counts` (a counters.CallCounts) is told the stage: "prefill", then "boundary" for x_N.
     A batch of prompts of different lengths is left-padded (see `left_pad`) with its
     attention_mask (B, N); x_N is then the last column for every row. `keep_trunk` keeps the
     hidden states entering the first skipped layer in FirstStep.trunk (exact: healing's input).
+    `precision` names the layers whose prompt positions run in int8 (precision.py); x_N runs
+    them in fp32.
     """
     check_variant(variant)
+    check_precision(adapter, variant, skip, precision)
     if variant == "pop_repair":
         repair_maps(adapter, skip)  # refuse before any work when no repair fits this skip set
     n = ids.shape[1]
@@ -211,43 +222,47 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
     cache = adapter.new_cache()
     mode = PREFILL_SKIP_MODE[variant]
     am = attention_mask
+    twins = int8_twins(adapter, precision)
     _stage(counts, "prefill")
-    if variant in NO_BOUNDARY:
-        h = prefill(adapter, ids, cache, skip, mode, attention_mask=am)  # all N positions
+    uniform = precision is not None and precision.decode_int8  # int8 for x_N too (baseline)
+    if uniform or (variant in NO_BOUNDARY and not twins):  # int8 prompt layers: x_N apart
+        h = prefill(adapter, ids, cache, skip, mode, attention_mask=am, twins=twins)  # all N
         logits = adapter.logits(h)[:, -1, :].float()  # (B, V)
         return FirstStep(logits, cache, n, am)
-    logits, trunk = _pruned_prompt(adapter, ids, cache, skip, mode, am, counts)
+    logits, trunk = _pruned_prompt(adapter, ids, cache, skip, mode, am, counts, twins)
     return FirstStep(logits, cache, n, am, trunk if keep_trunk else None)
 
 
-def _pruned_prompt(adapter: DecoderAdapter, ids, cache, skip, mode, am, counts):
+def _pruned_prompt(adapter: DecoderAdapter, ids, cache, skip, mode, am, counts, twins=None):
     """POP's prompt: x_1..x_{N-1} through the pruned stack, x_N through the full one. Returns
     the first token's logits (B, V) and the hidden states entering the first skipped layer.
 
     Layers below the first skipped one see identical inputs in both paths, so x_N rides along
     with the prompt through them (exact, not an approximation) and the boundary step re-runs
     only layers first_skipped..L-1: the full model's result for x_N at a third of the cost.
+    The same holds below the first int8 layer.
     """
-    first = min(skip, default=adapter.n_layers)
+    first = min((*skip, *(twins or {})), default=adapter.n_layers)
     pad = padding(am, ids.shape[0], ids.shape[1])  # (B, N) or None
     h, pos = _embed(adapter, ids, 0, pad)  # (B, N, D), (B, N)
     h = run_layers(adapter, h, pos, cache, (), None, pad, range(first))  # shared trunk, all N
-    return prompt_above(adapter, h, pos, pad, cache, skip, mode, first, True, counts), h
+    return prompt_above(adapter, h, pos, pad, cache, skip, mode, first, True, counts, twins), h
 
 
 def prompt_above(adapter: DecoderAdapter, h, pos, pad, cache, skip, mode, start: int,
-                 boundary: bool, counts=None) -> torch.Tensor:
+                 boundary: bool, counts=None, twins=None) -> torch.Tensor:
     """Layers start..L-1 of a prompt from the hidden states entering layer `start` (B, N, D);
     logits of the first new token (B, V). With `boundary`, x_1..x_{N-1} take the pruned stack
     and x_N the full one; without, all N take the pruned stack. Any start up to min(skip) gives
-    the same result: below it every variant computes what the full model does."""
+    the same result: below it every variant computes what the full model does. `twins` (int8
+    copies) run their layers for the pruned positions only: x_N takes the full stack."""
     rest = range(start, adapter.n_layers)
     if not boundary:
-        h = run_layers(adapter, h, pos, cache, skip, mode, pad, rest)  # (B, N, D)
+        h = run_layers(adapter, h, pos, cache, skip, mode, pad, rest, twins)  # (B, N, D)
         return adapter.logits(h[:, -1:])[:, -1, :].float()  # (B, V)
     if h.shape[1] > 1:
         prompt_pad = None if pad is None else pad[:, :-1]  # (B, N-1)
-        run_layers(adapter, h[:, :-1], pos[:, :-1], cache, skip, mode, prompt_pad, rest)  # pruned
+        run_layers(adapter, h[:, :-1], pos[:, :-1], cache, skip, mode, prompt_pad, rest, twins)
     _stage(counts, "boundary")
     h_last = run_layers(adapter, h[:, -1:], pos[:, -1:], cache, (), None, pad, rest)  # x_N in full
     return adapter.logits(h_last)[:, -1, :].float()  # (B, V)
@@ -267,7 +282,7 @@ def greedy_batch(adapter: DecoderAdapter, prompts, variant: str = "pop", skip=()
 
 @torch.inference_mode()
 def greedy_from(adapter: DecoderAdapter, first: FirstStep, drop=(), max_new_tokens: int = 16,
-                stop_ids=()) -> torch.Tensor:
+                stop_ids=(), twins=None) -> torch.Tensor:
     """Greedy tokens (B, T) from where `run_prompt` left a batch (its cache grows).
 
     With `stop_ids`, decoding ends early once every row has produced one of them (T may then be
@@ -283,7 +298,8 @@ def greedy_from(adapter: DecoderAdapter, first: FirstStep, drop=(), max_new_toke
             break
         if mask is not None:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, position+1)
-        logits = decode_step(adapter, nxt.to(adapter.device), first.cache, position, drop, mask)
+        logits = decode_step(adapter, nxt.to(adapter.device), first.cache, position, drop, mask,
+                             twins)
         nxt = logits.argmax(-1, keepdim=True)  # (B, 1)
         done |= torch.isin(nxt.cpu(), stop)
         out.append(nxt)

@@ -21,6 +21,7 @@ from pop_analysis.engine.pop import (
     prompt_above,
     run_layers,
 )
+from pop_analysis.engine.precision import twins as int8_twins
 from pop_vllm.variants import SkipMode
 
 
@@ -28,11 +29,14 @@ def shareable(adapter: DecoderAdapter) -> bool:
     return all(w is None for w in adapter.windows)
 
 
-def start_layer(adapter: DecoderAdapter, engine: str, skip) -> int:
-    """The first layer a variant must run itself (0: nothing to share)."""
-    if engine == "full" or not skip or not shareable(adapter):
+def start_layer(adapter: DecoderAdapter, engine: str, skip, precision=None) -> int:
+    """The first layer a variant must run itself (0: nothing to share); int8 prompt layers
+    count as changed ones, and uniform int8 shares nothing (x_N and decode change too)."""
+    int8 = precision.int8 if precision is not None else ()
+    changed = (*(skip if engine != "full" else ()), *int8)
+    if not changed or not shareable(adapter) or (precision is not None and precision.decode_int8):
         return 0
-    return min(skip)
+    return min(changed)
 
 
 @torch.inference_mode()
@@ -51,15 +55,16 @@ def full_chunk(adapter: DecoderAdapter, ids, cache, start: int = 0, attention_ma
 
 @torch.inference_mode()
 def prompt_from(adapter: DecoderAdapter, h, start: int, engine: str, skip,
-                attention_mask=None) -> FirstStep:
+                attention_mask=None, precision=None) -> FirstStep:
     """`run_prompt` from the full model's hidden states entering layer `start` (B, N, D); the
     cache holds layers start.. only (see `borrow_lower`)."""
     b, n = h.shape[:2]
     pad = padding(attention_mask, b, n)  # (B, N) or None
     pos = adapter.positions(0, n, b, pad)  # (B, N)
     cache = adapter.new_cache()
+    twins = int8_twins(adapter, precision)
     logits = prompt_above(adapter, h, pos, pad, cache, skip, prefill_skip_mode(engine), start,
-                          engine not in NO_BOUNDARY)
+                          engine not in NO_BOUNDARY or bool(twins), twins=twins)
     return FirstStep(logits, cache, n, attention_mask)
 
 

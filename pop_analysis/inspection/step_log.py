@@ -16,7 +16,8 @@ from functools import partial
 
 from pop_analysis.engine.adapter import DecoderAdapter
 
-PARTS = ("attention", "ffn", "kv")  # kv: the K/V projection alone (h passes the layer unchanged)
+PARTS = ("attention", "ffn", "kv", "int8")  # kv: the K/V projection alone (h passes the layer
+# unchanged); int8: the layer's int8 copy (attention + FFN) ran instead of the fp32 layer
 
 
 class PositionLog:
@@ -68,9 +69,10 @@ def _part(log: PositionLog, part: str, i: int, *_) -> None:
 
 
 @contextmanager
-def log_positions(adapter: DecoderAdapter, counts):
+def log_positions(adapter: DecoderAdapter, counts, twins=None):
     """Record what each layer runs on which positions while the block runs; `counts` is the
-    CallCounts the engine is told the stage through (engine.counters.count_calls)."""
+    CallCounts the engine is told the stage through (engine.counters.count_calls). `twins`
+    {layer: int8 copy} are hooked too: their calls are logged as the part "int8"."""
     log = PositionLog(counts)
     handles = [adapter.rotary_module().register_forward_pre_hook(log.on_rope, with_kwargs=True)]
     for i in range(adapter.n_layers):
@@ -80,6 +82,8 @@ def log_positions(adapter: DecoderAdapter, counts):
         handles.append(adapter.ffn(i).register_forward_hook(partial(_part, log, "ffn", i)))
         for m in (adapter.k_proj(i), *adapter.kv_map_modules(i)):
             handles.append(m.register_forward_hook(partial(_part, log, "kv", i)))
+    for i, twin in (twins or {}).items():
+        handles.append(twin.self_attn.register_forward_hook(partial(_part, log, "int8", i)))
     try:
         yield log
     finally:

@@ -25,12 +25,14 @@ import torch
 from pop_analysis.engine.counters import count_calls
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import PromptError, decode_step, run_prompt
+from pop_analysis.engine.precision import Configuration, Precision, twins as int8_twins
 from pop_analysis.engine.skipset import validate
 from pop_analysis.inspection.step_frames import frames  # noqa: F401 - part of this module's API
 from pop_analysis.inspection.step_log import log_positions
 from pop_analysis.progress import Tracker
 from pop_analysis.speed.bench import device_clock
 from pop_analysis.speed.flops import full_prefill_flops, ideal_speedup
+from pop_analysis.speed.precision_speed import ideal as precision_ideal
 from pop_analysis.speed.roofline import chunk_ops, embed_ops, head_ops, total_flops
 from pop_analysis.speed.timing import TimingConfig, judge, other_cpu_seconds
 from pop_analysis.store import results as store
@@ -51,11 +53,13 @@ class StepConfig:
     rounds: int = 5  # timed rounds of full and POP (after one untimed warm-up); odd: the median
     # TTFT is one round's, whose steps the clock draws
     top_k: int = 5  # next-token candidates shown where a step picks a token
+    int8: tuple = ()  # layers whose prompt the POP run reads in int8 (engine/precision.py)
 
     def __post_init__(self):
         if not 1 <= self.decode_steps <= 8 or not 3 <= self.rounds <= 15 or not 1 <= self.top_k <= 10 \
                 or self.rounds % 2 == 0:
             raise ValueError("decode_steps must lie in 1..8, rounds be odd in 3..15, top_k in 1..10")
+        object.__setattr__(self, "int8", Precision(tuple(self.int8)).int8)  # sorted, checked
 
 
 @dataclass
@@ -120,8 +124,10 @@ def trace(lm: LoadedModel, ids: list[int], run: str, skip,
     adapter = lm.adapter
     t = torch.tensor([ids], device=adapter.device)  # (1, N)
     picks = {}
-    with count_calls(adapter) as counts, log_positions(adapter, counts) as log:
-        first = run_prompt(adapter, t, run, skip, counts=counts)
+    prec = _precision(run, cfg)
+    with count_calls(adapter) as counts, log_positions(adapter, counts,
+                                                       int8_twins(adapter, prec)) as log:
+        first = run_prompt(adapter, t, run, skip, counts=counts, precision=prec)
         nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
         picks[counts.stage] = (first.logits, nxt)
         for j in range(cfg.decode_steps):
@@ -158,13 +164,19 @@ class _Marks:
         self.marks.append((name, self.clock()))
 
 
+def _precision(run: str, cfg: StepConfig) -> Precision | None:
+    """The POP run's int8 layers (the full run has none)."""
+    return Precision(tuple(cfg.int8)) if run == "pop" and cfg.int8 else None
+
+
 @torch.inference_mode()
-def _timed(lm: LoadedModel, t: torch.Tensor, run: str, skip, decode_steps: int,
+def _timed(lm: LoadedModel, t: torch.Tensor, run: str, skip, cfg: StepConfig,
            clock) -> list[float]:
     """Seconds of each step of one run without hooks: the prompt's stages, then decode steps."""
     adapter = lm.adapter
+    decode_steps = cfg.decode_steps
     marks = _Marks(clock)
-    first = run_prompt(adapter, t, run, skip, counts=marks)
+    first = run_prompt(adapter, t, run, skip, counts=marks, precision=_precision(run, cfg))
     nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
     nxt.tolist()  # the token is on the host: the step has ended
     ends = [clock()]
@@ -188,7 +200,7 @@ def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
     for r in range(1 + cfg.rounds):  # round 0 is the warm-up
         order = RUNS if r % 2 == 0 else RUNS[::-1]
         for run in order:
-            got = _timed(lm, t, run, skip, cfg.decode_steps, clock)
+            got = _timed(lm, t, run, skip, cfg, clock)
             if r:
                 times[run].append(got)
         if r:
@@ -199,7 +211,7 @@ def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
     wall, after = clock() - t0, other_cpu_seconds()
     other = None if before is None or after is None else max(0.0, after - before) / wall
     ttft = {run: [prompt_seconds(rnd, cfg.decode_steps) for rnd in times[run]] for run in RUNS}
-    ideal = ideal_speedup(lm.adapter.shape, len(ids), skip) if skip else 1.0
+    ideal = _ideal(lm, len(ids), skip, cfg)
     verdict = judge(ttft["full"], ttft["pop"], first, TimingConfig(), other, ideal,
                     torch.get_num_threads(), os.cpu_count() or 1)
     return times, {"full_ms": verdict.full_median_ms, "pop_ms": verdict.variant_median_ms,
@@ -225,8 +237,8 @@ def step_flops(shape, step: dict, n_prompt: int) -> float:
     the tokens it brings in and lm_head when it picks a token."""
     ops = []
     for i in range(shape.n_layers):
-        for part, kv_only in (("attention", False), ("kv", True)):
-            pos = step[part][i]
+        for part, kv_only in (("attention", False), ("kv", True), ("int8", False)):
+            pos = step[part][i] if part in step else ()
             if pos:
                 ops += chunk_ops(shape, i, pos[0], len(pos), kv_only)
     new = n_prompt if step["stage"] == "prefill" else 0 if step["stage"] == "boundary" else 1
@@ -263,16 +275,27 @@ def record(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig = StepConfig()
         model=lm.name, n_layers=n_layers, skip_layers=list(skip), prompt=prompt,
         prompt_ids=list(ids), tokens=pieces(lm, ids), steps=steps, cache_lengths=lengths,
         full_prefill_flops=full_prefill_flops(shape, len(ids)),
-        ideal_speedup=ideal_speedup(shape, len(ids), skip) if skip else 1.0, ttft=ttft,
+        ideal_speedup=_ideal(lm, len(ids), skip, cfg), ttft=ttft,
         config=asdict(cfg), threads=torch.get_num_threads(), device=str(lm.device),
         dtype=str(lm.dtype).replace("torch.", ""), seconds=time.perf_counter() - t0)
+
+
+def _ideal(lm: LoadedModel, n: int, skip, cfg: StepConfig) -> float:
+    """The POP run's largest possible TTFT speedup: FLOPs, and int8 layers at their ceiling."""
+    if cfg.int8:
+        return precision_ideal(lm, n, Configuration("pop", "pop", tuple(skip),
+                                                    Precision(tuple(cfg.int8))))
+    return ideal_speedup(lm.adapter.shape, n, skip) if skip else 1.0
 
 
 # --- results store ----------------------------------------------------------------------------
 
 def cache_params(lm: LoadedModel, ids, skip, cfg: StepConfig) -> dict:
+    config = asdict(cfg)
+    if not cfg.int8:
+        del config["int8"]  # keys of fp32 runs as before int8 layers existed (stored examples)
     return {"model": lm.name, "card": lm.card(), "prompt_ids": list(ids), "skip": sorted(skip),
-            "config": asdict(cfg), "clock": CLOCK}
+            "config": config, "clock": CLOCK}
 
 
 def cached_stepthrough(lm: LoadedModel, ids, skip, cfg: StepConfig = StepConfig(), prompt: str = "",

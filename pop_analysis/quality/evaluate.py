@@ -22,6 +22,7 @@ from pop_analysis.engine.generate import eos_ids
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import (FirstStep, check_prompt, check_variant, decode_drop,
     greedy_from, left_pad, run_prompt, teacher_force)
+from pop_analysis.engine.precision import Precision, check as check_precision, decode_twins
 from pop_analysis.engine.trunk import (borrow_lower, continue_from, full_chunk, prompt_from,
     start_layer)
 from pop_analysis.quality.answers import answer_matches
@@ -48,6 +49,7 @@ class Variant:
     name: str  # the label of its results ("pop", "shallow", "ratio 0.4" ...)
     engine: str = "full"  # the pop.py variant
     skip: tuple[int, ...] = ()  # layers it skips (empty for the full model)
+    precision: Precision | None = None  # layers whose prompt runs in int8 (engine/precision.py)
 
 
 FULL = Variant("full")
@@ -96,6 +98,7 @@ def evaluate_variants(lm: LoadedModel, items, variants, max_new_tokens: int = 32
         raise EvalDataError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     for v in variants:
         check_variant(v.engine)
+        check_precision(lm.adapter, v.engine, v.skip, v.precision)
     out = {v.name: ItemScores.empty(v, len(items)) for v in [FULL, *variants]}
     run = _BatchRun(lm, max_new_tokens, generate, step)
     budget = token_budget_for(lm.adapter.shape.vocab, token_budget)
@@ -143,6 +146,7 @@ class _BatchRun:
         self.lm, self.adapter = lm, lm.adapter
         self.max_new, self.generate, self.step = max_new_tokens, generate, step
         self.stop = eos_ids(lm)
+        self.twins = {}  # the decode int8 copies of the variant being run (uniform int8 only)
         self.pad = self.lm.tokenizer.pad_token_id if lm.tokenizer is not None else None
 
     def batch(self, items, idx, variants, out) -> None:
@@ -150,13 +154,14 @@ class _BatchRun:
         ids, mask = left_pad([list(it.prompt_ids) for it in items], self.pad or 0, a.device)  # (B, N)
         longest = max(max(len(it.reference_ids) for it in items), self.max_new)
         check_prompt(a, ids.shape[1], longest)
-        starts = {v.name: start_layer(a, v.engine, v.skip) for v in variants}
+        starts = {v.name: start_layer(a, v.engine, v.skip, v.precision) for v in variants}
         shared = sorted({s for s in starts.values() if s > 0})
         cache = a.new_cache()
         h, trunk = full_chunk(a, ids, cache, 0, mask, shared)  # (B, N, D), {layer: (B, N, D)}
         first = FirstStep(a.logits(h[:, -1:])[:, -1, :].float(), cache, ids.shape[1], mask)  # (B, V)
         prompt_cache = copy.deepcopy(cache) if shared and self.generate else None
         generate = self.generate or any(not it.reference_ids for it in items)
+        self.twins = {}  # the full model's reference decodes in fp32
         refs = self._greedy(first, ()) if generate else None
         conts = [list(it.reference_ids) or refs[k] for k, it in enumerate(items)]
         targets, valid = _right_pad(conts, a.device)  # (B, M) each
@@ -164,8 +169,10 @@ class _BatchRun:
         self._record(out["full"], items, idx, self_fidelity(full_lp, targets), valid, refs, refs)
         for v in variants:
             s, drop = starts[v.name], decode_drop(v.engine, v.skip)
-            first = (prompt_from(a, trunk[s], s, v.engine, v.skip, mask) if s else
-                     run_prompt(a, ids, v.engine, v.skip, attention_mask=mask))
+            first = (prompt_from(a, trunk[s], s, v.engine, v.skip, mask, v.precision) if s else
+                     run_prompt(a, ids, v.engine, v.skip, attention_mask=mask,
+                                precision=v.precision))
+            self.twins = decode_twins(a, v.precision)  # {} unless uniform int8 (a baseline)
             outs = self._greedy(first, drop, prompt_cache, s) if self.generate else None
             lp = self._logprobs(first, targets, mask, drop, cont_trunk.get(s), s)  # (B, M, V)
             self._record(out[v.name], items, idx, token_fidelity(lp, full_lp, targets), valid,
@@ -179,7 +186,8 @@ class _BatchRun:
         first.cache = copy.deepcopy(first.cache)  # teacher forcing reads the untouched cache
         if start:
             borrow_lower(self.adapter, first.cache, lower, start)
-        rows = greedy_from(self.adapter, first, drop, self.max_new, self.stop).tolist()
+        rows = greedy_from(self.adapter, first, drop, self.max_new, self.stop,
+                           self.twins).tolist()
         return [_cut(r, self.stop) for r in rows]
 
     def _full_logprobs(self, first, targets, mask, shared):
@@ -200,7 +208,8 @@ class _BatchRun:
             fed, am = self._fed(targets, mask)
             logits = (continue_from(self.adapter, trunk, start, first.cache, first.position, drop, am)
                       if start else
-                      teacher_force(self.adapter, fed, first.cache, first.position, drop, am))  # (B, M-1, V)
+                      teacher_force(self.adapter, fed, first.cache, first.position, drop, am,
+                                    self.twins))  # (B, M-1, V)
             lp = torch.cat([lp, torch.log_softmax(logits, -1)], dim=1)  # (B, M, V)
         return lp
 

@@ -81,3 +81,21 @@ def test_prompts_outside_the_grid_are_refused_in_one_line(lm):
         stp.StepConfig(decode_steps=0)
     with pytest.raises(ValueError, match="rounds be odd"):
         stp.StepConfig(rounds=4)  # the median TTFT must be one round's, the one the clock draws
+
+
+def test_int8_layers_show_as_their_own_part_for_the_prompt_only(lm):
+    from dashboard.charts.stepthrough import RAN8, compute_cells
+
+    n = 8
+    cfg = stp.StepConfig(decode_steps=1, rounds=3, top_k=3, int8=(1, 2))
+    rec = stp.record(lm, tiny_prompt(n), (4, 5), cfg)
+    assert_grid_equals_counts(rec)
+    pop = {s["stage"]: s for s in rec.steps if s["run"] == "pop"}
+    prompt = list(range(n - 1))
+    assert pop["prefill"]["int8"][1] == prompt and pop["prefill"]["int8"][2] == prompt
+    assert pop["prefill"]["attention"][1] == [] and pop["prefill"]["int8"][3] == []
+    assert pop["boundary"]["attention"][1] == [n - 1] and pop["boundary"]["int8"][1] == []
+    assert all(row == [] for s in rec.steps if s["stage"].startswith("decode") for row in s["int8"])
+    assert all(row == [] for s in rec.steps if s["run"] == "full" for row in s["int8"])
+    assert compute_cells(pop["prefill"], 6, n)[1][:n - 1] == [RAN8] * (n - 1)
+    assert rec.config["int8"] == [1, 2] or rec.config["int8"] == (1, 2)
