@@ -5,25 +5,26 @@ For every method of an importance run, every budget k (a share of the layers) an
 distinct set in one batched evaluation, the full model's pass shared): ΔNLL, KL and top-1
 agreement against the full model, paired over items with 95% intervals (quality/summary.py),
 retrieval when asked for, the FLOP ideal and the measured prefill speedup (the timing protocol).
-The random baseline runs several seeds (its spread). One verdict per budget and shape: the set
+The random baseline runs several seeds (its spread). One verdict per distinct k and shape: the set
 with the lowest ΔNLL, and whether a paired interval over the same items separates it from the
-tail baseline's set.
+tail baseline's set; ties (the identical set) are named as ties and budgets that give the same k
+are one cell (methods_verdicts.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
+from pop_analysis.experiments import methods_verdicts as mv
 from pop_analysis.experiments.methods_store import check_comparison
 from pop_analysis.experiments.sweep_quality import row_quality
 from pop_analysis.experiments.sweep_speed import speed_fields
-from pop_analysis.importance.methods import METHODS, primary
+from pop_analysis.importance.methods import primary
 from pop_analysis.importance.picks import BUDGETS, SHAPES, budget_k, jaccard, pick, random_pick
 from pop_analysis.progress import Tracker
 from pop_analysis.quality import stats
@@ -151,7 +152,7 @@ def compare_methods(lm: LoadedModel, importance, cfg: CompareConfig = CompareCon
         model=lm.name, n_layers=lm.adapter.n_layers,
         importance=f"{importance.dataset}, n = {importance.n_samples}",
         data=f"{evalset.name}:{evalset.fingerprint[:12]}", n=len(items), rows=rows,
-        verdicts=verdicts(rows, scores, cfg), config=plain(cfg),
+        verdicts=verdicts(rows, scores), config=plain(cfg),
         seconds=time.perf_counter() - t0,
         item_nll={k: s.continuation_nll for k, s in scores.items()},
         notes=[evalset.note] if evalset.note else [])
@@ -196,70 +197,20 @@ def _row(lm: LoadedModel, p: dict, quality: dict, speeds, n: int, cfg: CompareCo
     return row
 
 
-def _delta_ci(row: dict) -> list | None:
-    return row.get("continuation_nll_delta_ci")
+def paired_from(item_nll: dict):
+    """paired(a, b) over per-item NLL: (mean of a - b, 95% BCa interval); None for one set."""
+    def paired(a: str, b: str):
+        if a == b or a not in item_nll or b not in item_nll:
+            return None
+        d = stats.paired_delta(item_nll[a], item_nll[b])
+        return d.value, d.ci
+    return paired
 
 
-def verdicts(rows: list[dict], scores, cfg: CompareConfig) -> list[dict]:
-    """Per budget and shape: the best set by ΔNLL and how it stands against the tail's set."""
-    out = []
-    for budget in cfg.budgets:
-        for shape in cfg.shapes:
-            group = [r for r in rows if r["budget"] == budget and r["shape"] == shape]
-            out.append(_verdict(group, scores))
-    return out
-
-
-def _verdict(group: list[dict], scores) -> dict:
-    methods = [r for r in group if r["method"] != "random"]
-    best = min(methods, key=lambda r: (r["continuation_nll_delta"], r["method"] != "tail"))
-    tail = next((r for r in methods if r["method"] == "tail"), None)
-    randoms = sorted(r["continuation_nll_delta"] for r in group if r["method"] == "random")
-    v = {"budget": best["budget"], "shape": best["shape"], "k": best["k"], "best": best["method"],
-         "best_set": best["set"], "best_delta": best["continuation_nll_delta"],
-         "best_delta_ci": _delta_ci(best),
-         "random": [randoms[0], statistics.median(randoms), randoms[-1]] if randoms else None}
-    if tail is not None:
-        v["tail_delta"], v["tail_delta_ci"] = tail["continuation_nll_delta"], _delta_ci(tail)
-        v["tail_beats"] = [r["method"] for r in methods if r is not tail
-                           and _separated(scores, tail["set"], r["set"]) == "first"]
-        if best is not tail:
-            d = stats.paired_delta(scores[best["set"]].continuation_nll,
-                                   scores[tail["set"]].continuation_nll)
-            v["vs_tail"], v["vs_tail_ci"] = d.value, list(d.ci)
-            v["separated"] = not d.includes(0.0)
-    v["line"] = verdict_line(v)
-    return v
-
-
-def _separated(scores, a: str, b: str) -> str | None:
-    """'first' when set a's NLL is lower than set b's with a paired interval clear of 0."""
-    if a == b:
-        return None
-    d = stats.paired_delta(scores[a].continuation_nll, scores[b].continuation_nll)
-    if d.includes(0.0):
-        return None
-    return "first" if d.value < 0 else "second"
-
-
-def verdict_line(v: dict) -> str:
-    """One line: '33% (10 layers, block): best gate (ΔNLL +0.12 [...]); vs tail -0.03 [...]: separated'."""
-    f = lambda x: f"{x:+.3f}"  # noqa: E731
-    ci = v.get("best_delta_ci") or [v["best_delta"]] * 2
-    head = (f"{v['budget']:.0%} ({v['k']} layers, {v['shape']}): best {METHODS[v['best']].title} "
-            f"(layers {v['best_set']}, ΔNLL {f(v['best_delta'])} [{f(ci[0])}, {f(ci[1])}])")
-    if "tail_delta" not in v:
-        return head + "; no tail baseline in this run"
-    if v["best"] == "tail":
-        tail = "; the tail baseline itself is best"
-    else:
-        lo, hi = v["vs_tail_ci"]
-        word = "separated from the tail" if v["separated"] else "not separated from the tail"
-        tail = f"; vs tail {f(v['vs_tail'])} [{f(lo)}, {f(hi)}]: {word}"
-    beats = v.get("tail_beats") or []
-    if beats:
-        tail += f"; the tail beats {', '.join(METHODS[m].title for m in beats)}"
-    return head + tail
+def verdicts(rows: list[dict], scores) -> list[dict]:
+    """Per distinct k and shape: the best set(s) by ΔNLL and how they stand against the tail's
+    set (methods_verdicts.py: ties named as ties, budgets of one k merged)."""
+    return mv.verdicts(rows, paired_from({k: s.continuation_nll for k, s in scores.items()}))
 
 
 def importance_params(importance) -> dict:

@@ -126,3 +126,31 @@ def check_choice(payload, cls, n_layers: int | None = None) -> None:
         if not isinstance(c, dict) or type(c.get("meets")) is not bool:
             raise RecordError(f"candidates[{i}] has no verdict")
         skip_layers(c.get("skip_layers"), L, f"candidates[{i}].skip_layers")
+
+
+def check_certificate(payload, cls, n_layers: int | None = None) -> None:
+    """A stored certified choice (cls: certify.CertifyResult): the certified set and every set
+    of the sequence fit the model, the sequence is nested, the levels are in (0, 1), the bound is
+    a rate, and a certified set passed its test with every set before it."""
+    _fields(cls, payload)
+    L = _layers(payload["n_layers"], n_layers)
+    skip_layers(payload["certified"], L, "certified")
+    matrix([payload["ranking"]], 1, L, "ranking")
+    numbers([payload["alpha"], payload["delta"], payload["bound"], payload["rate"]], "levels")
+    if not (0 < payload["alpha"] < 1 and 0 < payload["delta"] < 1 and 0 <= payload["bound"] <= 1):
+        raise RecordError("alpha, delta or the bound is not a rate")
+    if len(payload["splits"]) != 3 or not payload["sequence"]:
+        raise RecordError("a certificate needs three splits and a sequence")
+    prev: set = set()
+    for i, c in enumerate(payload["sequence"]):
+        if not isinstance(c, dict):
+            raise RecordError(f"sequence[{i}] is not an object")
+        skip_layers(c.get("skip_layers"), L, f"sequence[{i}].skip_layers")
+        if not prev < set(c["skip_layers"]):
+            raise RecordError(f"sequence[{i}] does not contain the set before it")
+        prev = set(c["skip_layers"])
+    if payload["met"]:
+        upto = [c["skip_layers"] for c in payload["sequence"]].index(payload["certified"]) \
+            if payload["certified"] in [c["skip_layers"] for c in payload["sequence"]] else None
+        if upto is None or not all(c.get("passed") for c in payload["sequence"][:upto + 1]):
+            raise RecordError("the certified set did not pass with every set before it")

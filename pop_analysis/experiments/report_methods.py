@@ -9,7 +9,8 @@ from pathlib import Path
 
 from pop_analysis.data.prompts import load_prompts
 from pop_analysis.engine.models import LoadedModel
-from pop_analysis.experiments.methods_compare import CompareConfig, cached_comparison
+from pop_analysis.experiments import methods_verdicts as mv
+from pop_analysis.experiments.methods_compare import CompareConfig, cached_comparison, paired_from
 from pop_analysis.experiments.methods_run import ImportanceConfig, cached_importance
 from pop_analysis.importance.methods import METHODS, primary
 from pop_analysis.quality import stats
@@ -79,67 +80,70 @@ def methods_table(imp: dict) -> list[str]:
 
 
 def quality_table(cmp: dict, shape: str) -> list[str]:
-    """Rows: methods (random as min / median / max of its draws); columns: budgets; ΔNLL [95%]."""
+    """Rows: methods (random as min / median / max of its draws); columns: one per distinct k
+    (budgets that give the same k share a column); ΔNLL [95%] · layers."""
     rows = [r for r in cmp["rows"] if r["shape"] == shape]
-    budgets = sorted({r["budget"] for r in rows})
-    ks = {b: next(r["k"] for r in rows if r["budget"] == b) for b in budgets}
-    lines = ["| method | " + " | ".join(f"{b:.0%} ({ks[b]} layers)" for b in budgets) + " |",
-             "|---|" + "---|" * len(budgets)]
+    cols = [(k, bs) for k, s, bs in mv.cells(rows)]
+    lines = ["| method | " + " | ".join(f"{mv.budgets_label(bs)} ({k} layers)" for k, bs in cols)
+             + " |", "|---|" + "---|" * len(cols)]
     for m in dict.fromkeys(r["method"] for r in rows):
         cells = []
-        for b in budgets:
-            group = [r for r in rows if r["method"] == m and r["budget"] == b]
+        for k, bs in cols:
+            group = [r for r in rows if r["method"] == m and r["budget"] == bs[0]]
             if m == "random":
                 ds = sorted(r["continuation_nll_delta"] for r in group)
                 cells.append(f"{ds[0]:+.3f} / {ds[len(ds) // 2]:+.3f} / {ds[-1]:+.3f}" if ds else DASH)
-            else:
+            elif group:
                 r = group[0]
                 cells.append(f"{_ci(r['continuation_nll_delta'], r.get('continuation_nll_delta_ci'))}"
                              f" · {r['set']}")
+            else:
+                cells.append(DASH)
         label = METHODS[m].title + (" (min / median / max of draws)" if m == "random" else "")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
 def speed_table(cmp: dict) -> list[str]:
-    """Per budget and shape: the FLOP ideal and the measured speedups of the methods' sets."""
+    """Per distinct k and shape: the FLOP ideal and the measured speedups of the methods' sets."""
     lines = ["| budget | shape | ideal speedup | measured (median of each set's rounds; range over "
              "sets) | sets flagged by the timing protocol |", "|---|---|---|---|---|"]
-    groups = sorted({(r["budget"], r["shape"]) for r in cmp["rows"]})
-    for b, shape in groups:
-        rows = [r for r in cmp["rows"] if r["budget"] == b and r["shape"] == shape
-                and r.get("prefill_speedup") is not None]
-        ideal = sorted({round(r["ideal_speedup"], 2) for r in cmp["rows"]
-                        if r["budget"] == b and r["shape"] == shape})
+    for k, shape, bs in sorted(mv.cells(cmp["rows"]), key=lambda c: (c[2][0], c[1])):
+        cell = [r for r in cmp["rows"] if r["budget"] == bs[0] and r["shape"] == shape]
+        rows = [r for r in cell if r.get("prefill_speedup") is not None]
+        ideal = sorted({round(r["ideal_speedup"], 2) for r in cell})
+        head = f"| {mv.budgets_label(bs)} | {shape} | {ideal[0]:.2f}-{ideal[-1]:.2f} "
         if not rows:
-            lines.append(f"| {b:.0%} | {shape} | {ideal[0]:.2f}-{ideal[-1]:.2f} | not timed | |")
+            lines.append(head + "| not timed | |")
             continue
         med = sorted(r["prefill_speedup"] for r in rows)
         flagged = sum(r.get("timing_trustworthy") is False for r in rows)
-        lines.append(f"| {b:.0%} | {shape} | {ideal[0]:.2f}-{ideal[-1]:.2f} "
-                     f"| {med[len(med) // 2]:.2f} ({med[0]:.2f}-{med[-1]:.2f}, {len(rows)} sets) "
-                     f"| {flagged} of {len(rows)} |")
+        lines.append(head + f"| {med[len(med) // 2]:.2f} ({med[0]:.2f}-{med[-1]:.2f}, "
+                     f"{len(rows)} sets) | {flagged} of {len(rows)} |")
     return lines
 
 
-def tail_lines(cmp: dict) -> list[str]:
-    """Where the tail baseline wins or loses, from the verdicts."""
-    cell = lambda v: f"{v['budget']:.0%} {v['shape']}"  # noqa: E731
-    wins = [cell(v) for v in cmp["verdicts"] if v["best"] == "tail"]
-    beaten = [f"{cell(v)} ({METHODS[v['best']].title}, {_ci(v['vs_tail'], v['vs_tail_ci'])})"
-              for v in cmp["verdicts"] if v.get("separated") and v["best"] != "tail"]
-    out = [f"The tail's own set is the best (lowest ΔNLL) in {len(wins)} of "
-           f"{len(cmp['verdicts'])} budget and shape cells"
-           + (f" ({', '.join(wins)})" if wins else "") + ".",
-           f"A method's set beats the tail's with a paired interval clear of 0 in {len(beaten)} "
-           "cells" + (": " + "; ".join(beaten) if beaten else "") + "."]
-    lost = {}
-    for v in cmp["verdicts"]:
-        for m in v.get("tail_beats") or []:
-            lost[m] = lost.get(m, 0) + 1
-    if lost:
+def tail_lines(verdicts: list[dict]) -> list[str]:
+    """Where the tail baseline wins, ties or loses, counted over distinct cells (ties are not
+    wins; budgets of one k are one cell)."""
+    c = mv.counts(verdicts)
+    listed = lambda xs: f" ({', '.join(xs)})" if xs else ""  # noqa: E731
+    out = [f"Of {c['cells']} distinct budget and shape cells, the tail's set is the best alone in "
+           f"{len(c['tail_alone'])}{listed(c['tail_alone'])}; it is best together with other "
+           f"methods that pick the identical set in {len(c['tail_tied'])}"
+           f"{listed(c['tail_tied'])}; another method's set is best in {len(c['other'])}"
+           f"{listed(c['other'])}."]
+    merged = mv.merged_budgets(verdicts)
+    if merged:
+        out.append(f"Budgets that give the same k are one cell: {'; '.join(merged)}.")
+    beaten = [f"{cell} ({mv.title_list(v['best_methods'])}, {_ci(v['vs_tail'], v['vs_tail_ci'])})"
+              for cell, v in c["beats_tail"]]
+    out.append(f"A method's set beats the tail's with a paired interval clear of 0 in "
+               f"{len(beaten)} cells" + (": " + "; ".join(beaten) if beaten else "") + ".")
+    if c["tail_beats"]:
         out.append("The tail's set beats, with a paired interval clear of 0, the sets of "
-                   + ", ".join(f"{METHODS[m].title} (in {c} cells)" for m, c in lost.items()) + ".")
+                   + ", ".join(f"{METHODS[m].title} (in {n} cells)"
+                               for m, n in c["tail_beats"].items()) + ".")
     return out
 
 
@@ -151,13 +155,16 @@ def gate_vs_dropone(imp: dict, cmp: dict | None) -> list[str]:
            f"{_agree(imp, 'gate.prefill', 'dropone.nll')} (Spearman "
            f"{_spear(imp, 'gate.prefill', 'dropone.nll')}); the gate's decode ranking against "
            f"drop-one: {_agree(imp, 'gate.decode', 'dropone.nll')}."]
+    seen = set()
     for r in (cmp or {}).get("rows", []):
-        if r["method"] != "gate":
+        if r["method"] != "gate" or (r["k"], r["shape"]) in seen:
             continue
+        seen.add((r["k"], r["shape"]))
         truth = next(t for t in cmp["rows"] if t["method"] == "dropone" and t["budget"] == r["budget"]
                      and t["shape"] == r["shape"])
         d = _paired(cmp, r["set"], truth["set"])
-        out.append(f"{r['budget']:.0%} {r['shape']}: the gate picks {r['set']}, drop-one {truth['set']} "
+        bs = next(b for k, sh, b in mv.cells(cmp["rows"]) if (k, sh) == (r["k"], r["shape"]))
+        out.append(f"{mv.budgets_label(bs)} {r['shape']}: the gate picks {r['set']}, drop-one {truth['set']} "
                    f"(Jaccard {r['jaccard_dropone']:.2f}); ΔNLL gate − drop-one {d}.")
     return out
 
@@ -175,6 +182,19 @@ def _paired(cmp: dict, a: str, b: str) -> str:
     word = stats.NO_CHANGE if d.includes(0.0) else ("the gate's set is worse" if d.value > 0
                                                       else "the gate's set is better")
     return f"{_ci(d.value, d.ci)} ({word})"
+
+
+def counted(rows: list[dict], verdicts: list[dict], n: int, shapes, figure: str = "") -> list[str]:
+    """The verdicts, the tail baseline's counts and the ΔNLL tables: the parts regenerated from
+    raw results (methods_raw.py) and checked against the docs."""
+    md = [f"## Verdicts (n = {n} held-out items per set)", "",
+          *[f"- {v['line']}" for v in verdicts], "", "## The tail baseline", "",
+          *[f"- {x}" for x in tail_lines(verdicts)], ""]
+    md += [figure, ""] if figure else []
+    for shape in shapes:
+        md += [f"## ΔNLL of each method's set ({shape}; ΔNLL [95%] · layers)", "",
+               *quality_table({"rows": rows}, shape), ""]
+    return md
 
 
 def render_methods(model: str, part: dict, figs: Path, rel: str, command: str) -> list[str]:
@@ -214,12 +234,8 @@ def render_methods(model: str, part: dict, figs: Path, rel: str, command: str) -
     if not cmp:
         return md + ["The comparison of the methods' skip sets is not computed yet.", ""]
     plot_frontier(cmp, figs / "methods_frontier.png")
-    md += [f"## Verdicts (n = {cmp['n']} held-out items per set)", "",
-           *[f"- {v['line']}" for v in cmp["verdicts"]], "", "## The tail baseline", "",
-           *[f"- {x}" for x in tail_lines(cmp)], "",
-           f"![quality against k, one frontier per method]({rel}/methods_frontier.png)", ""]
-    for shape in cmp["config"]["shapes"]:
-        md += [f"## ΔNLL of each method's set ({shape}; ΔNLL [95%] · layers)", "",
-               *quality_table(cmp, shape), ""]
+    vs = mv.verdicts(cmp["rows"], paired_from(cmp["item_nll"]))
+    md += counted(cmp["rows"], vs, cmp["n"], cmp["config"]["shapes"],
+                  f"![quality against k, one frontier per method]({rel}/methods_frontier.png)")
     md += ["## Prefill speedup of the sets (512-token prompt)", "", *speed_table(cmp), ""]
     return md

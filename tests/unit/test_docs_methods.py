@@ -1,0 +1,44 @@
+"""The methods sections of docs/reproduction.md agree with the raw results under
+docs/reproduction/raw/: the verdict lines, the tail baseline's counts and both ΔNLL tables are
+regenerated from each model's methods.json (ties named as ties, budgets of one k merged) and
+must appear in the docs as written; a changed number in the raw file makes this fail."""
+import copy
+from pathlib import Path
+
+import pytest
+
+from pop_analysis.experiments.methods_raw import load_raw, verdicts_of
+from pop_analysis.experiments.report_methods import counted
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("smollm2-135m", "gemma3-270m")
+
+
+def _section(model: str) -> str:
+    md = (ROOT / "docs" / "reproduction.md").read_text(encoding="utf-8")
+    start, end = f"<!-- report {model} methods -->", f"<!-- /report {model} methods -->"
+    assert start in md and end in md, f"no methods section for {model}"
+    return md.split(start, 1)[1].split(end, 1)[0]
+
+
+def _regenerated(raw: dict) -> str:
+    lines = counted(raw["rows"], verdicts_of(raw), raw["n"], ("block", "free"))
+    return "\n".join(f"#{x}" if x.startswith("#") else x for x in lines)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_docs_methods_tables_are_regenerated_from_the_raw_results(model):
+    raw = load_raw(ROOT / "docs" / "reproduction" / "raw" / model / "methods.json")
+    doc, want = _section(model), _regenerated(raw)
+    missing = [line for line in want.splitlines() if line.strip() and line not in doc]
+    assert not missing, f"{len(missing)} regenerated line(s) not in the docs, e.g. {missing[0]!r}"
+    assert want.split("\n### The tail", 1)[0].strip() in doc, "the verdicts block is not in the docs whole"
+
+
+def test_a_changed_raw_number_fails_the_check():
+    raw = load_raw(ROOT / "docs" / "reproduction" / "raw" / MODELS[0] / "methods.json")
+    bad = copy.deepcopy(raw)
+    tail = next(r for r in bad["rows"] if r["method"] == "tail" and r["shape"] == "free")
+    tail["continuation_nll_delta"] += 0.5
+    doc = _section(MODELS[0])
+    assert any(line not in doc for line in _regenerated(bad).splitlines() if line.strip())
