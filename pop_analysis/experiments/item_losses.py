@@ -50,8 +50,10 @@ class LossTable:
         return len(self.fingerprints)
 
     def delta(self, skip) -> list[float]:
-        """Per-item ΔNLL of one set against the full model (the paired loss)."""
-        return [v - f for v, f in zip(self.nll[describe(skip)], self.full)]
+        """Per-item ΔNLL of one set against the full model (the paired loss); None where an item
+        is not computed yet."""
+        return [None if v is None or f is None else v - f
+                for v, f in zip(self.nll[describe(skip)], self.full)]
 
     def to_dict(self) -> dict:
         return {"kind": KIND, "model": self.model, "data": self.data,

@@ -33,9 +33,13 @@ def lm():
     return planted_model(PLANTED)
 
 
-def test_the_certified_set_holds_the_planted_identity_layers(lm):
-    ranked = run_importance(lm, PROMPTS, ImportanceConfig(methods=("gate",), n_samples=6,
-                                                         new_tokens=4, resamples=0))
+@pytest.fixture(scope="module")
+def ranked(lm):
+    return run_importance(lm, PROMPTS, ImportanceConfig(methods=("gate",), n_samples=6,
+                                                       new_tokens=4, resamples=0))
+
+
+def test_the_certified_set_holds_the_planted_identity_layers(lm, ranked):
     res = certify(lm, ranked.series["gate.prefill"], _splits(), CertifyConfig(**FAST),
                   items=(SEL, CERT))
     assert res.met and res.certified == sorted(PLANTED + (5,)), res.sequence
@@ -54,6 +58,15 @@ def test_the_certified_set_holds_the_planted_identity_layers(lm):
     broken = res.to_dict() | {"certified": [1, 2]}
     with pytest.raises(RecordError, match="did not pass"):
         check_certificate(broken, CertifyResult, 6)
+
+
+def test_the_divergence_loss_certifies_the_planted_layers_too(lm, ranked):
+    """Bad = POP's greedy output departs from the full model's within 3 tokens."""
+    res = certify(lm, ranked.series["gate.prefill"], _splits(),
+                  CertifyConfig(**FAST | dict(loss="divergence", tokens=3, refine=1)),
+                  items=(SEL, CERT))
+    assert res.met and set(res.certified) <= set(PLANTED + (5,)) and res.rate == 0
+    assert "depart from the full model's within 3 tokens" in res.statement
 
 
 def test_a_sequence_whose_first_set_fails_certifies_nothing():

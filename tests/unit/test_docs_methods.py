@@ -42,3 +42,20 @@ def test_a_changed_raw_number_fails_the_check():
     tail["continuation_nll_delta"] += 0.5
     doc = _section(MODELS[0])
     assert any(line not in doc for line in _regenerated(bad).splitlines() if line.strip())
+
+
+def test_the_sets_recomputed_per_item_reproduce_the_published_rows():
+    """Where per-item NLL was recomputed (a pool's tail sets on the same 100 items), the paired
+    ΔNLL and its BCa interval equal the published row to the printed digits."""
+    from pop_analysis.quality.stats import paired_delta
+
+    raws = [load_raw(ROOT / "docs" / "reproduction" / "raw" / m / "methods.json") for m in MODELS]
+    checked = [(raw, label) for raw in raws for label in raw.get("item_nll", {}) if label != "full"]
+    assert len(checked) >= 4, "no recomputed sets to check"
+    for raw, label in checked:
+        nll = raw["item_nll"]
+        d = paired_delta(nll[label], nll["full"])
+        for row in (r for r in raw["rows"] if r["set"] == label):
+            assert round(d.value, 3) == pytest.approx(row["continuation_nll_delta"], abs=1.1e-3)
+            assert [round(x, 3) for x in d.ci] == pytest.approx(row["continuation_nll_delta_ci"],
+                                                                 abs=1.1e-3)
