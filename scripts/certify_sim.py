@@ -85,6 +85,34 @@ def plot(results: dict, out: Path, alpha: float, delta: float) -> None:
     fig.savefig(out, dpi=110)
 
 
+def markdown(out: dict, plot_rel: str) -> list[str]:
+    """The docs' lines: one row per model and procedure, the certificates, the plot."""
+    a, e, d = out["alpha"], out["epsilon"], out["delta"]
+    md = [f"| model | pool items (planned) | candidates | procedure | splits where a set was "
+          f"chosen | violation rate (rate > α on the pool) [95%] | on the rest of the pool |",
+          "|---|---|---|---|---|---|---|"]
+    for m, r in out["models"].items():
+        for proc, name in (("certified", "certified (selection and certification split)"),
+                           ("same_items", "same items (largest set whose bound meets α)")):
+            v = r["violations"][proc]
+            md.append(f"| {m} | {r['n_pool']} ({r['n_planned']}) | {len(r['sets'])} tail blocks "
+                      f"| {name} | {r['chosen_share'][proc]:.0%} | {v['rate']:.3f} "
+                      f"[{v['ci'][0]:.3f}, {v['ci'][1]:.3f}] | {v['rest_rate']:.3f} |")
+    md += ["", f"α = {a:g}, ε = {e:g} nats per token, δ = {d:g}; {out['splits']} random splits; "
+           f"selection {out['n_sel']} items, certification {out['n_cert']} items (the same-items "
+           f"procedure chooses and reports on all {out['n_sel'] + out['n_cert']}). A valid "
+           f"procedure stays under δ plus the Monte-Carlo error "
+           f"(1.96·sqrt(δ(1−δ)/splits) = {1.96 * (d * (1 - d) / out['splits']) ** 0.5:.3f}).", ""]
+    for m, r in out["models"].items():
+        c = r["certificate"]
+        what = (f"layers {c['certified']} ({c['k']} layers): {c['rate']:.3f} of the certification "
+                f"items bad, upper bound {c['bound']:.3f} <= {a:g}" if c["certified"] else
+                f"nothing: the smallest set's bound is {c['bound']:.3f}")
+        md.append(f"- {m}, selection = {c['selection']}, certification = {c['certification']}: "
+                  f"certified {what}.")
+    return md + ["", f"![violation rates and the candidates' rates]({plot_rel})", ""]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--alpha", type=float, default=0.1)
@@ -116,6 +144,7 @@ def main() -> int:
            "n_sel": args.selection, "n_cert": args.cert, "splits": args.splits, "models": results}
     (RAW / "certify_simulation.json").write_text(json.dumps(out, indent=1) + "\n")
     plot(results, args.plot, args.alpha, args.delta)
+    (RAW / "certify_simulation.md").write_text("\n".join(markdown(out, "img/" + args.plot.name)))
     print(json.dumps({m: {"violations": r["violations"], "chosen": r["chosen_share"],
                           "certificate": {k: r["certificate"][k] for k in ("certified", "bound", "rate")}}
                       for m, r in results.items()}, indent=1))

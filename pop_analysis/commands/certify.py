@@ -34,7 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--shape", default=d.shape, choices=SHAPES,
                    help="free: any layers; block: one contiguous block")
     p.add_argument("--refine", type=Num(int, 1, 64), default=d.refine,
-                   help="candidates measured per search step (on the selection items)")
+                   help="candidates per search step on the selection items (1: the ranking's own "
+                        "order, measured --chunk sets at a time; more: a greedy step each)")
     p.add_argument("--chunk", type=Num(int, 1, 64), default=d.chunk,
                    help="sets evaluated together on the certification items")
     p.add_argument("--max-sets", type=Num(int, 0, 10_000), default=d.max_sets,

@@ -5,10 +5,12 @@ run), the selection items drive the search, the certification items are touched 
 search has fixed its sequence.
 
 1. Search (selection items only): a nested sequence S1 ⊂ S2 ⊂ ..., each the previous plus one
-   layer. Each step measures the next `refine` candidates of the ranking (free sets: one more
-   layer of the ranking's order; blocks: the block one layer longer at either end) in one
-   batched evaluation and keeps the one with the lowest bad-item rate (ties: lower mean ΔNLL).
-   The sequence ends with the first set whose selection rate exceeds α.
+   layer. With refine = 1 (the default) each set adds the ranking's next layer (free sets: the
+   next layer of the ranking's order; blocks: the block one layer longer at its lower-scored
+   end), `chunk` sets per batched evaluation; with refine > 1 each step measures the next
+   `refine` candidates together and keeps the one with the lowest bad-item rate (ties: lower
+   mean ΔNLL), one evaluation per step. Either way the sequence ends with the first set whose
+   selection rate exceeds α.
 2. Certification (certification items): fixed-sequence testing, smallest set first, each at
    level δ with the exact binomial p-value of "the bad-item rate exceeds α"; the last set that
    passes is certified. Lazy: the sets are evaluated `chunk` at a time (the full model's pass
@@ -68,7 +70,7 @@ class CertifyConfig:
     tokens: int = 16  # greedy tokens compared by the divergence loss
     method: str = "gate"  # whose ranking orders the layers (methods.py)
     shape: str = "free"  # "free" (any layers) or "block" (one contiguous block)
-    refine: int = 3  # candidates measured per search step
+    refine: int = 1  # candidates per search step (1: the ranking's own order; more: greedy)
     answer_tokens: int = 32  # reference tokens scored per item (0: the whole reference)
     chunk: int = 4  # sets evaluated together on the certification items
     max_sets: int = 0  # the longest sequence (0: up to L - 1 layers)
@@ -170,21 +172,28 @@ class _Measure:
 
 
 def search(measure: _Measure, scores, cfg: CertifyConfig) -> list[dict]:
-    """The nested sequence, built on the selection items only (see the module doc)."""
+    """The nested sequence, built on the selection items only (see the module doc). With
+    refine = 1 the sequence is the ranking's own (each set the previous plus its next layer),
+    measured `chunk` sets per evaluation (the full model's pass shared) until one exceeds α."""
     longest = min(cfg.max_sets or len(scores) - 1, len(scores) - 1)
     seq, current = [], ()
     while len(current) < longest:
         cands = candidates(scores, current, cfg.shape, cfg.refine)
-        got = measure(cands)
-        best = min(cands, key=lambda s: (got[describe(s)]["bad"].mean(),
-                                         got[describe(s)]["delta"].mean()))
-        g = got[describe(best)]
-        seq.append({"set": describe(best), "skip_layers": list(best), "k": len(best),
-                    "selection_rate": float(g["bad"].mean()),
-                    "selection_delta": float(g["delta"].mean()), "tried": len(cands)})
-        current = best
-        if g["bad"].mean() > cfg.alpha:
-            break
+        steps = [cands]
+        if cfg.refine == 1:  # the next steps are known: measure a chunk of them at once
+            while len(steps) < cfg.chunk and len(current) + len(steps) < longest:
+                steps.append(candidates(scores, steps[-1][0], cfg.shape, 1))
+        got = measure([s for step in steps for s in step])
+        for step in steps:
+            best = min(step, key=lambda s: (got[describe(s)]["bad"].mean(),
+                                            got[describe(s)]["delta"].mean()))
+            g = got[describe(best)]
+            seq.append({"set": describe(best), "skip_layers": list(best), "k": len(best),
+                        "selection_rate": float(g["bad"].mean()),
+                        "selection_delta": float(g["delta"].mean()), "tried": len(step)})
+            current = best
+            if g["bad"].mean() > cfg.alpha:
+                return seq
     return seq
 
 

@@ -40,7 +40,7 @@ def ranked(lm):
 
 
 def test_the_certified_set_holds_the_planted_identity_layers(lm, ranked):
-    res = certify(lm, ranked.series["gate.prefill"], _splits(), CertifyConfig(**FAST),
+    res = certify(lm, ranked.series["gate.prefill"], _splits(), CertifyConfig(**FAST, refine=3),
                   items=(SEL, CERT))
     assert res.met and res.certified == sorted(PLANTED + (5,)), res.sequence
     seq = [set(c["skip_layers"]) for c in res.sequence]
