@@ -18,7 +18,6 @@ Each prints one JSON object with the conditions: threads, load average, other pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -186,7 +185,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_model(device="cpu")
     run = {"speed": speed, "bf16": bf16, "batch": batch_sizes}[args.what]
-    print(json.dumps(run(lm, args)), flush=True)
+    from bench_results import save
+
+    save("calibrate_bench", args, run(lm, args), what=args.what)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ folder is linked in), starts a server on a free port (stopped by its pid), and d
 chromium with Playwright. Overlay cost: the Calibrate page's redraw after a toggle (click until
 the app is idle and the chart drawn), alternating 0 and 5 overlays, medians over the rounds;
 also the page script's own time for the same rerun in AppTest (server side only).
-Prints one JSON object and writes it to cache/bench/dashboard_bench.json.
+Prints one JSON object and writes it to a new file under bench/raw/dashboard_bench/.
 """
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
         result.update(apptest_part(args.rounds))
-    save("dashboard_bench", result)
+    save("dashboard_bench", args, result)
 
 if __name__ == "__main__":
     main()

@@ -53,14 +53,20 @@ def files(folder: Path) -> dict[str, tuple[Path, int]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cap-gib", type=float, default=4.0, help="address space of each reader")
-    cap = int(ap.parse_args().cap_gib * (1 << 30))
+    args = ap.parse_args()
+    cap = int(args.cap_gib * (1 << 30))
+    rows = []
     with tempfile.TemporaryDirectory() as d:
         for name, (path, limit) in files(Path(d)).items():
             out = subprocess.run([sys.executable, "-c", CHILD, str(path), str(limit)],
                                  capture_output=True, text=True, preexec_fn=lambda: resource.setrlimit(
                                      resource.RLIMIT_AS, (cap, cap)))
             got = json.loads(out.stdout) if out.returncode == 0 else {"crashed": out.stderr[-300:]}
-            print(json.dumps({"file": name, "bytes": path.stat().st_size, **got}))
+            rows.append({"file": name, "bytes": path.stat().st_size, **got})
+            print(json.dumps(rows[-1]), flush=True)
+    from bench_results import save
+
+    save("data_bomb_bench", args, {"rows": rows}, show=False)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ prefix   multi-turn chats (GSM8K questions with their reference answers as the a
          turns; turn t's prompt is the conversation so far) on a POP engine with prefix caching
          on against one with it off, cores 0-1; every run gets fresh conversations (the same
          ones on both sides), so no run hits an earlier run's cache. Ratios are off / on.
-Writes cache/bench/disagg_bench_PART.json (printed too).
+Writes a new file under bench/raw/disagg_bench/, named by the part and every parameter (its
+summary printed): a 4-turn run never replaces the 6-turn one.
 """
 from __future__ import annotations
 
@@ -52,15 +53,12 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-dir", default="/dev/shm/poplab-kv-bench",
                     help="pd: the connector's storage root (memory by default)")
     args = ap.parse_args(argv)
-    from pop_analysis.store.paths import cache_dir
+    from bench_results import save
 
     row = PARTS[args.part](args)
-    out = cache_dir() / "bench" / f"disagg_bench_{args.part}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(row, indent=1))
     summary = {k: v for k, v in row.items() if not k.startswith("requests_")}
     print(json.dumps(summary, indent=1))
-    print(f"written: {out}")
+    save("disagg_bench", args, row, what=args.part, show=False)
     return 0
 
 

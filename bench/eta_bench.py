@@ -9,7 +9,7 @@ Run it on a quiet machine:
 For each run it reports, at 10%, 25%, 50% and 75% of the run's wall time, the tracker's estimate
 (pop_analysis.progress: measured cost per kind of work, counted down between updates) and the
 old one (elapsed / units done * units left), beside the true time left. Nothing is cached.
-Prints one JSON object and writes it to cache/bench/eta_bench.json.
+Prints one JSON object and writes it to a new file under bench/raw/eta_bench/.
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def main() -> None:
         cfg = cal.CalibrationConfig(n_samples=32, max_new_tokens=32, batch_size=16)
         out["runs"].append(run("calibration, 32 built-in prompts, 32 tokens, batch 16",
                                lambda p: cal.calibrate(lm, prompts, cfg, progress=p)))
-    save("eta_bench", out)
+    save("eta_bench", args, out)
 
 if __name__ == "__main__":
     main()

@@ -16,7 +16,6 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -93,7 +92,9 @@ def main() -> None:
            "throughput": throughput(lm, items, variants, args.max_new_tokens)}
     if args.spread_items:
         out["spread"] = spread(lm, args.spread_items, args.width)
-    print(json.dumps(out))
+    from bench_results import save
+
+    save("eval_bench", args, out)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ results store with only the converted models linked in, opens the first page onc
 answers its health check, and records, from the server's launch and from its first answer:
 the Overview's title, its first chart (the recorded step-through of the stored example), and
 the model loaded (the sidebar's "loads in this server"). Also the other processes' CPU use over
-the round, so a busy machine shows. Prints one JSON object, writes cache/bench/first_content_bench.json.
+the round, so a busy machine shows. Prints one JSON object, writes a new file under bench/raw/first_content_bench/.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def main() -> None:
     keys = [k for k in rounds[0] if k != "other_processes_cores"]
     out = {"rounds": rounds, "median": {k: statistics.median(r[k] for r in rounds) for k in keys},
            "load_average_end": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
-    save("first_content_bench", out)
+    save("first_content_bench", args, out)
 
 
 if __name__ == "__main__":

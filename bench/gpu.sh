@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One command for the GPU benchmark: install what is missing, check correctness, then time TTFT
 # of the full model vs POP (batch 1 and 8; 32/128/512/2048 tokens) for the embedded model and
-# random models shaped like Llama-3.1-8B and Gemma-3-12B. Writes gpu_bench.json and
-# gpu_bench.html (+ .png with matplotlib) under cache/bench/ (or --out DIR).
+# random models shaped like Llama-3.1-8B and Gemma-3-12B. Writes a new raw output (.json, .html,
+# and .png with matplotlib) named by the run's parameters under bench/raw/gpu_bench/.
 #
 #   bash bench/gpu.sh                 # CUDA GPU, bf16, the paper's shapes
 #   bash bench/gpu.sh --quick         # tiny shapes; runs on CPU too

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 import torch
 
@@ -33,6 +30,8 @@ from pop_analysis.engine.pop import left_pad, run_prompt
 from pop_analysis.engine.skipset import last_block
 from pop_analysis.experiments.paper import table2_speedups
 from pop_analysis.speed.bench import bench_length
+
+from bench_results import RawFile
 
 # The paper's Table 2: prefill (TTFT) speedup of POP, A100, batch 8; keyed like Spec.name.
 PAPER_TABLE2 = {model.lower(): row for model, row in table2_speedups().items()}
@@ -149,7 +148,7 @@ def run_spec(spec: Spec, args, device: str, dtype: torch.dtype, report: dict, sa
         torch.cuda.empty_cache()
 
 
-def plot(report: dict, out: Path) -> list[str]:
+def plot(report: dict, out: Path) -> list[str]:  # out: the run's raw output path, no suffix
     """Speedup vs prompt length per model (batch 1 and 8), the paper's batch-8 values beside."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -178,7 +177,7 @@ def plot(report: dict, out: Path) -> list[str]:
     fig.update_yaxes(title_text="TTFT speedup (full / POP)", row=1, col=1)
     fig.update_layout(title=f"POP TTFT speedup on {report['device']} ({report['dtype']})",
                       height=420, width=420 * max(1, len(models)))
-    html = out / "gpu_bench.html"
+    html = out.parent / f"{out.name}.html"
     fig.write_html(html, include_plotlyjs=True)  # self-contained: viewable offline
     written = [str(html)]
     png = _png(report, out)
@@ -210,7 +209,7 @@ def _png(report: dict, out: Path) -> str | None:
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("TTFT speedup")
     fig.tight_layout()
-    path = out / "gpu_bench.png"
+    path = out.parent / f"{out.name}.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return str(path)
@@ -231,7 +230,6 @@ def parse_args(argv=None):
     p.add_argument("--models", default=None, help="comma list of model names to run (default all)")
     p.add_argument("--max-seconds", type=float, default=1e9, help="skip rows after this long")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (reported)")
-    p.add_argument("--out", default=str(ROOT / "cache" / "bench"), help="output folder")
     args = p.parse_args(argv)
     args.lengths = [int(x) for x in (args.lengths or ("32,128" if args.quick else
                                                      "32,128,512,2048")).split(",")]
@@ -251,8 +249,6 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = parse_dtype(args.dtype, device)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     specs = QUICK_SPECS if args.quick else FULL_SPECS
     if args.models:
         want = {m.strip() for m in args.models.split(",")}
@@ -264,17 +260,18 @@ def main(argv=None) -> int:
               "transformers": __import__("transformers").__version__,
               "repeats": args.repeats, "paper_table2": PAPER_TABLE2, "models": [],
               "_t0": time.perf_counter()}
-    path = out / "gpu_bench.json"
+    raw = RawFile("gpu_bench", args)  # a new file per run, named by its parameters
+    path = raw.path
 
     def save():
-        path.write_text(json.dumps({k: v for k, v in report.items() if k != "_t0"}, indent=1))
+        raw.write({k: v for k, v in report.items() if k != "_t0"})
 
     for spec in specs:
         run_spec(spec, args, device, dtype, report, save)
     synchronize(device)
     report["wall_s"] = round(time.perf_counter() - report["_t0"], 1)
     save()
-    print("wrote", path, *plot(report, out))
+    print("wrote", path, *plot(report, path.parent / path.stem))
     return 0 if all(m["check"]["ok"] for m in report["models"]) else 1
 
 

@@ -1,6 +1,7 @@
 """Self-healing POP against plain POP and the full model (docs/healing.md).
 
-Stages (each writes artifacts/heal_bench/<stage>_<model>_<tokens>.json and prints progress):
+Stages (each writes bench/raw/heal_bench/<stage>_<model>_<tokens>__<every parameter>__<UTC
+start>.json, a new file per run, and prints progress; report reads each stage's newest):
 
     quality    64-token greedy agreement with the full model on few-shot GSM8K prompts of exactly
                --tokens tokens (built from the shared data, read by path): plain POP, eager
@@ -40,8 +41,11 @@ from pop_analysis.quality.stats import mean_ci, paired_delta, proportion_ci
 from pop_analysis.speed.timing import TimingConfig, judge, other_cpu_seconds
 from pop_vllm.healing import NO_HEAL, make
 
+from bench_results import RAW, RawFile, latest
+
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "artifacts" / "heal_bench"
+OUT = RAW / "heal_bench"
+_RUN: dict = {}  # what -> this run's raw output file
 DATA = ROOT.parent / "shared" / "data"
 
 
@@ -53,10 +57,11 @@ def settings(args) -> dict:
             **{f"heal_{p}": ("pop", heals[p]) for p in args.policies.split(",")}}
 
 
-def write(name: str, payload: dict) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def write(name: str, payload: dict, args) -> None:
     payload = {**payload, "threads": torch.get_num_threads(), "load": os.getloadavg()}
-    (OUT / f"{name}.json").write_text(json.dumps(payload, indent=1))
+    if name not in _RUN:  # after every batch: this run's own file, rewritten
+        _RUN[name] = RawFile("heal_bench", args, what=name)
+    _RUN[name].write(payload)
     print(json.dumps({k: v for k, v in payload.items() if k != "per_item"})[:1500], flush=True)
 
 
@@ -144,7 +149,7 @@ def write_quality(args, lm, skip, runs, outs, horizons, planned: int) -> None:
         "runs": {k: {"variant": v, "heal": h.as_dict()} for k, (v, h) in runs.items()},
         "data": "GSM8K few-shot (train examples + a test question), cut to the last tokens",
         "planned_prompts": planned, "summary": summary,
-        "per_item": {"agreement": per, "horizon": horizons}})
+        "per_item": {"agreement": per, "horizon": horizons}}, args)
 
 
 def _median(xs):
@@ -171,7 +176,7 @@ def retrieval(args, lm, skip) -> None:
     write(f"retrieval_{lm.name}_{args.tokens}", {
         "model": lm.name, "tokens": args.tokens, "skip": describe(skip), "summary": summary,
         "runs": {k: {"variant": v, "heal": h.as_dict()} for k, (v, h) in runs.items()},
-        "per_item": {k: [int(x) for x in v] for k, v in hits.items()}})
+        "per_item": {k: [int(x) for x in v] for k, v in hits.items()}}, args)
 
 
 def one_run(lm, ids, variant, skip, heal, n_new) -> dict:
@@ -234,11 +239,11 @@ def timing(args, lm, skip) -> None:
     write(f"timing_{lm.name}_{args.tokens}", {
         "model": lm.name, "tokens": args.tokens, "new_tokens": args.new, "skip": describe(skip),
         "rounds": args.rounds, "other_cores": other, "summary": out,
-        "per_item": [{k: v["times"] for k, v in rd.items()} for rd in rounds]})
+        "per_item": [{k: v["times"] for k, v in rd.items()} for rd in rounds]}, args)
 
 
 def report(_args) -> None:
-    for path in sorted(OUT.glob("*.json")):
+    for path in latest(OUT):
         d = json.loads(path.read_text())
         print(f"\n### {path.stem} (threads {d['threads']}, load {d['load'][0]:.1f})")
         for k, v in d["summary"].items():

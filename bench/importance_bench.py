@@ -20,7 +20,6 @@ Each prints one JSON object with the conditions: threads, load average, other pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from unittest import mock
@@ -120,7 +119,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_model(args.model, device="cpu")
     row = forward(lm, args) if args.mode == "forward" else dropone(lm, args)
-    print(json.dumps({"model": args.model, "mode": args.mode, **row}))
+    from bench_results import save
+
+    save("importance_bench", args, {"model": args.model, "mode": args.mode, **row}, what=args.mode)
 
 
 if __name__ == "__main__":

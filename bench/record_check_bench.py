@@ -90,7 +90,9 @@ def main() -> None:
         out[kind] = {"bytes": path.stat().st_size,
                      "check": timed(lambda: check(kind, cls, plain, L)),
                      "load": timed(lambda: store.load_record(kind, key, cls, L))}
-    print(json.dumps(out))
+    from bench_results import save
+
+    save("record_check_bench", {}, out)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Two repairs per skip ratio: "builtin" (the 64 builtin prompts, the default) and 
 (96 GSM8K train questions with their answers). Held-out evaluation, never the fitting prompts:
 GSM8K test answers, WizardLM test instructions (continuation: the full model's greedy response),
 the synthetic retrieval task, and drift on GSM8K test questions. Each stage is one short run
-(on an otherwise quiet machine) and writes artifacts/repair_bench/<stage>_<ratio>[_data].json:
+(on an otherwise quiet machine) and writes bench/raw/repair_bench/<stage>_<ratio>[_data]__<every
+parameter>__<UTC start>.json (a new file per run; the report reads each stage's newest):
 
     python bench/repair_bench.py fit --ratio 0.33
     python bench/repair_bench.py quality --ratio 0.33 --data gsm8k --samples 64
@@ -35,15 +36,19 @@ from pop_analysis.repair.evaluate import compare, summary
 from pop_analysis.repair.fit import RepairConfig
 from pop_analysis.repair.store import attach, fit_and_store, memory
 
-OUT = ROOT / "artifacts" / "repair_bench"
+from bench_results import RAW, RawFile
+
+OUT = RAW / "repair_bench"
+_RUN: dict = {}  # what -> this run's raw output file
 REPAIRS = {"builtin": RepairConfig(),
            "gsm8k_train": RepairConfig(data="gsm8k_train", n_samples=96, answers=True)}
 
 
-def write(name: str, payload: dict) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def write(name: str, payload: dict, args) -> None:
     payload = {**payload, "threads": torch.get_num_threads(), "load": os.getloadavg()}
-    (OUT / f"{name}.json").write_text(json.dumps(payload, indent=1))
+    if name not in _RUN:
+        _RUN[name] = RawFile("repair_bench", args, what=name)
+    _RUN[name].write(payload)
     print(json.dumps({k: v for k, v in payload.items() if k not in ("summary", "per_item")})[:600])
 
 
@@ -66,7 +71,7 @@ def stage_fit(lm, skip, args) -> None:
         out[name] = {"key": rep.key, "stored": stored, "wall_s": time.perf_counter() - t0,
                      "seconds": rep.info["seconds"], "collect_s": rep.info["collect_s"],
                      "n_tokens": rep.info["n_tokens"], "fit": rep.info["fit"], **memory(lm, rep)}
-    write(f"fit_{args.ratio}", {"skip": list(skip), "repairs": out})
+    write(f"fit_{args.ratio}", {"skip": list(skip), "repairs": out}, args)
 
 
 def stage_quality(lm, skip, args) -> None:
@@ -84,7 +89,7 @@ def stage_quality(lm, skip, args) -> None:
           {"skip": list(skip), "data": args.data, "n": len(evalset.items),
            "seconds": time.perf_counter() - t0,
            "summary": summary(scores, "retrieval_acc" if retrieval else None),
-           "per_item": per_item})
+           "per_item": per_item}, args)
 
 
 def stage_drift(lm, skip, args) -> None:
@@ -105,7 +110,7 @@ def stage_drift(lm, skip, args) -> None:
     for name, rep in repairs(lm, skip).items():
         attach(lm, rep, skip)
         out[name] = block([drift(lm, ids, skip, cfg, variant="pop_repair") for ids in prompts])
-    write(f"drift_{args.ratio}", {"skip": list(skip), "n": len(prompts), "block_means": out})
+    write(f"drift_{args.ratio}", {"skip": list(skip), "n": len(prompts), "block_means": out}, args)
 
 
 def main() -> None:

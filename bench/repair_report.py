@@ -1,4 +1,5 @@
-"""Markdown tables from bench/repair_bench.py's JSON files (artifacts/repair_bench/)."""
+"""Markdown tables from bench/repair_bench.py's raw outputs (bench/raw/repair_bench/: the newest
+run of each stage)."""
 from __future__ import annotations
 
 import json
@@ -6,11 +7,13 @@ from pathlib import Path
 
 from pop_analysis.repair.evaluate import no_gap
 
+from bench_results import latest
+
 NAMES = ("builtin", "gsm8k_train")
 
 
 def _load(folder: Path, pattern: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(folder.glob(pattern))]
+    return [json.loads(p.read_text()) for p in latest(folder, pattern)]
 
 
 def _ci(x) -> str:

@@ -13,7 +13,7 @@ Parts:
           1.10x the ideal that were not flagged (target: none)
   page    the Generate page's extra timing cost at 512 tokens (after a stream-like warm-up)
   shares  speedup, range, FLOP and roofline ideals and their shares at 32/128/512/2048 tokens
-Prints one JSON object; writes it to cache/bench/timing_bench.json (or --out) after every part.
+Prints one JSON object; writes it after every part to a new file under bench/raw/timing_bench/.
 """
 from __future__ import annotations
 
@@ -25,9 +25,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 
 import torch
 
@@ -41,6 +39,8 @@ from pop_analysis.speed.bench import (
 )
 from pop_analysis.speed.machine import machine_rates
 from pop_analysis.speed.timing import TimingConfig, other_cpu_seconds
+
+from bench_results import RawFile
 
 PAPER_SKIP = tuple(range(20, 30))
 QUIET_WAIT = 120.0  # seconds a quiet part waits for other processes to calm down (set by --quiet-wait)
@@ -199,7 +199,6 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=10.0, help="timing budget per length (shares)")
     ap.add_argument("--quiet-wait", type=float, default=120.0,
                     help="seconds a quiet part may wait for other processes to go idle")
-    ap.add_argument("--out", default=str(ROOT / "cache" / "bench" / "timing_bench.json"))
     args = ap.parse_args()
     global QUIET_WAIT
     QUIET_WAIT = args.quiet_wait
@@ -211,8 +210,7 @@ def main() -> int:
               "rates": {"rows": rates.rows, "gflops": [round(x / 1e9, 1) for x in rates.flops_per_s],
                         "bandwidth_gb_s": round(rates.bytes_per_s / 1e9, 2)}}
     t0 = time.time()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = RawFile("timing_bench", args)
     for part in args.parts.split(","):
         t = time.time()
         report[part] = part_shares(lm, args.budget) if part == "shares" else PARTS[part](lm, args.reps)
@@ -220,8 +218,9 @@ def main() -> int:
         print(f"{part}: {report[part]['wall_s']} s", file=sys.stderr, flush=True)
         report["wall_s"] = round(time.time() - t0, 1)
         report["load_at_end"] = os.getloadavg()
-        out.write_text(json.dumps(report, indent=1))  # after each part: a timeout keeps the rest
+        out.write(report)  # after each part: a timeout keeps the rest
     print(json.dumps(report))
+    print(f"raw output: {out.path}")
     return 0
 
 

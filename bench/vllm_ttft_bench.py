@@ -17,7 +17,7 @@ inside the timed call but its time is taken off the clock, so only llm.generate 
           sampling and inter-process messages, which both variants pay alike
   decode  64 generated tokens after a 128-token prompt minus the same request with 1 token: the
           decode steps alone (never on the POP path, so the ratio should be 1.0)
-Writes cache/bench/vllm_ttft_bench_MODE.json (or --name; printed too).
+Writes a new file under bench/raw/vllm_ttft_bench/, named by the parameters (printed too).
 """
 from __future__ import annotations
 
@@ -61,8 +61,6 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="fewest timed rounds per length")
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed rounds per length")
     ap.add_argument("--no-decode", action="store_true")
-    ap.add_argument("--name", default=None, help="result file cache/bench/NAME.json "
-                    "(default vllm_ttft_bench_MODE)")
     args = ap.parse_args(argv)
     import signal
 
@@ -151,7 +149,7 @@ def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> i
         print(f"decode: {t.speedup:.3f}x [{t.low:.3f}, {t.high:.3f}] {row['decode_tok_s_full']} vs "
               f"{row['decode_tok_s_pop']} tok/s {t.note or ''}", flush=True)
     stats = llm.collective_rpc("pop_stats")[0]
-    save(args.name or f"vllm_ttft_bench_{args.mode}",
+    save("vllm_ttft_bench", args,
          {"mode": args.mode, "threads": args.threads, "skip": SKIP, "engine_start_s": round(start_s, 1),
           "rows": rows, "pop_stats": stats})
     return 0

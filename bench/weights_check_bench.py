@@ -5,25 +5,24 @@ For each embedded model: load_model with the check against load_model without it
 through the timing protocol (speedup = without / with: below 1 is the check's cost); the check's
 own parts timed alone (the finite pass on a freshly loaded model, whose pages the pass touches
 first, and again; the header read); and the serving path's check of a folder (headers, then every
-tensor through a memory map). Writes cache/bench/weights_check_bench.json (or --out).
+tensor through a memory map). Writes a new file under bench/raw/weights_check_bench/.
 
     .venv/bin/python bench/weights_check_bench.py --threads 2
 """
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from pop_analysis.engine import models
-from pop_analysis.engine.weight_values import (_folder_problem, checkpoint_files, integer_tensor,
+from pop_analysis.engine.weight_values import (checkpoint_files, files_problem, integer_tensor,
     model_tensors, nonfinite_tensor)
 from pop_analysis.speed.timing import TimingConfig, measure
-from pop_analysis.store.paths import cache_dir
+
+from bench_results import save
 
 
 def timed(fn, repeats: int = 5) -> list[float]:
@@ -55,8 +54,7 @@ def one_model(name: str, budget: float) -> dict:
     warm = timed(lambda: nonfinite_tensor(model_tensors(fresh.model)))
     files = checkpoint_files(folder)
     header = timed(lambda: integer_tensor(files))
-    stamp = tuple((str(p), -1, -1) for p in files)
-    serving = timed(lambda: _folder_problem.__wrapped__(str(folder), stamp), 3)
+    serving = timed(lambda: files_problem(folder, files), 3)
     return {"model": name, "parameters": sum(p.numel() for p in fresh.model.parameters()),
             "file_mib": round(sum(p.stat().st_size for p in files) / 2 ** 20, 1),
             "load_without_ms": round(t.full_median_ms, 1),
@@ -74,14 +72,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed rounds per model")
     ap.add_argument("--models", default="smollm2-135m,gemma3-270m")
-    ap.add_argument("--out", default=str(cache_dir() / "bench" / "weights_check_bench.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = [one_model(m.strip(), args.budget) for m in args.models.split(",") if m.strip()]
     result = {"threads": args.threads, "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+    save("weights_check_bench", args, result)
 
 
 if __name__ == "__main__":
