@@ -14,10 +14,11 @@ are not checked.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from pop_analysis.errors import first_line
 
 INTEGER_TYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16",
                  "U32": "uint32", "I32": "int32", "U64": "uint64", "I64": "int64"}  # header names
@@ -102,12 +103,46 @@ def quantized(folder: Path) -> bool:
 
 
 def folder_problem(folder: str | Path) -> str | None:
-    """Why a model folder's weights are not numbers a model can use, for an engine that loads
-    the folder itself (the serving path): dtypes from the headers, then every tensor's values
-    read through a memory map. Remembered per file version (path, size, mtime)."""
-    files = checkpoint_files(Path(folder))
+    """Why a model folder's weights cannot be served, for an engine that loads the folder itself
+    (the serving path); None only when the check ran to its end and found every tensor a finite
+    float. It fails closed: no weight files, an index that cannot be read, or a file that cannot
+    be read or parsed is a problem too, named in one phrase. A completed check is remembered per
+    file version (path, size, mtime); a check that could not read a file is not, so the next
+    start reads it again."""
+    folder = Path(folder)
+    files = checkpoint_files(folder)
+    if not files:
+        return _no_files(folder)
     stamp = tuple((str(p), *_version(p)) for p in files)
-    return _folder_problem(str(folder), stamp)
+    if stamp in _checked:
+        return _checked[stamp]
+    try:
+        bad = files_problem(folder, files)
+    except Exception as e:  # noqa: BLE001 - unreadable: refused and said why, never passed
+        return f"its weights cannot be read ({type(e).__name__}: {first_line(e)})"
+    if len(_checked) >= CHECKED:
+        _checked.pop(next(iter(_checked)))
+    _checked[stamp] = bad
+    return bad
+
+
+def files_problem(folder: Path, files) -> str | None:
+    """The check itself, every time (dtypes from the headers, then every tensor's values read
+    through a memory map); a file it cannot read raises."""
+    bad = integer_tensor(files, quantized(folder))
+    return bad or next(filter(None, (nonfinite_tensor(_file_tensors(p)) for p in files)), None)
+
+
+CHECKED = 16  # folder versions whose completed check is remembered
+_checked: dict[tuple, str | None] = {}  # file versions -> the completed check's answer
+
+
+def _no_files(folder: Path) -> str:
+    """Why checkpoint_files found nothing: no weight file, or an index that cannot be read."""
+    index = next((folder / i for i in INDEXES if (folder / i).is_file()), None)
+    if index is not None:
+        return f"its shard index {index.name} cannot be read or names no shard"
+    return f"it holds no weight file ({', '.join(SINGLE)} or a shard index)"
 
 
 def _version(path: Path) -> tuple[int, int]:
@@ -116,17 +151,6 @@ def _version(path: Path) -> tuple[int, int]:
     except OSError:
         return -1, -1
     return st.st_size, st.st_mtime_ns
-
-
-@lru_cache(maxsize=16)
-def _folder_problem(folder: str, stamp: tuple) -> str | None:
-    files = [Path(s[0]) for s in stamp]
-    try:
-        bad = integer_tensor(files, quantized(Path(folder)))
-        return bad or next(filter(None, (nonfinite_tensor(_file_tensors(p)) for p in files)),
-                           None)
-    except Exception:  # noqa: BLE001 - an unreadable file is the loader's to report
-        return None
 
 
 def _file_tensors(path: Path):

@@ -219,8 +219,8 @@ class Engine:
 
         bad = folder_problem(self.spec.model_dir)  # vLLM would cast and serve them as they are
         if bad:
-            raise ServingError(f"the weights in {self.spec.model_dir} are not numbers the model "
-                               f"can use: {bad}; the engine was not started")
+            raise ServingError(f"the weights in {self.spec.model_dir} cannot be served: {bad}; the "
+                               "engine was not started")
         python = str(venv.python())
         port = self.spec.port or free_port()
         if not port_free(port):

@@ -11,9 +11,11 @@ POP Lab never sets it. Instead:
   `Authorization: Bearer <secret>`, the secret given in the engine's environment
   (CONTROL_TOKEN_ENV; /proc/PID/environ is readable by its owner only). Without a secret in the
   environment the route is off (403).
-- Routes open without the secret: inference and read-only ones (OPEN, OPEN_PREFIXES). Every other
-  route (vLLM's development routes if someone turns them on, /scale_elastic_ep, profiling, LoRA
-  loading, ...) needs the secret too: an allowlist, so a route a later vLLM adds is closed.
+- Requests open without the secret: an allowlist of (method, path) pairs, vLLM 0.32's inference
+  and read-only routes (OPEN), matched exactly. Every other request (vLLM's development routes if
+  someone turns them on, /scale_elastic_ep, profiling, LoRA loading, aborts, another method on an
+  open path, a path spelled otherwise, any route a later vLLM adds, under /v1/ or not) needs the
+  secret too.
 """
 from __future__ import annotations
 
@@ -26,15 +28,18 @@ from .control import METHODS
 from .engine_env import CONTROL_ROUTE, CONTROL_TOKEN_ENV
 
 MAX_BODY = 64 * 1024  # a switch is a skip list, a variant and a path
-# Inference and read-only routes of vLLM 0.32's OpenAI-compatible server.
-OPEN = {"/health", "/ping", "/version", "/metrics", "/load", "/tokenize", "/detokenize",
-        "/invocations", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
-OPEN_PREFIXES = ("/v1/",)
-CLOSED = {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"}  # under /v1/, but change the engine
+# Inference and read-only routes of vLLM 0.32's OpenAI-compatible server, by method.
+_READ = ("/health", "/ping", "/version", "/load", "/metrics", "/metrics/", "/v1/models", "/docs",
+         "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+_INFER = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+          "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/invocations", "/ping")
+OPEN = frozenset({(m, p) for p in _READ for m in ("GET", "HEAD")} | {("POST", p) for p in _INFER})
 
 
-def is_open(path: str) -> bool:
-    return path not in CLOSED and (path in OPEN or path.startswith(OPEN_PREFIXES))
+def is_open(method: str, path: str) -> bool:
+    """Whether a request may reach the server without the secret (exact match: a method or a
+    spelling of a path not listed, and every route a later vLLM adds, needs the secret)."""
+    return (method.upper(), path) in OPEN
 
 
 class ControlGuard:
@@ -50,7 +55,9 @@ class ControlGuard:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if path != CONTROL_ROUTE and (is_open(path) or self._authorized(scope)):
+        # A websocket (vLLM's only one is audio's /v1/realtime) is never open without the secret.
+        method = scope.get("method", "GET") if scope["type"] == "http" else "WEBSOCKET"
+        if path != CONTROL_ROUTE and (is_open(method, path) or self._authorized(scope)):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":  # refused before it is accepted
             return await send({"type": "websocket.close", "code": 1008})

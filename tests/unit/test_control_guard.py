@@ -84,24 +84,34 @@ def test_the_secret_leaves_the_environment(monkeypatch):
 
 def test_inference_and_read_only_routes_need_no_secret(monkeypatch):
     g, app = guard(monkeypatch)
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-                 "/tokenize", "/version"):
-        assert request(g, app, path)[0] == 200
+    for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                         ("GET", "/v1/models"), ("GET", "/health"), ("HEAD", "/health"),
+                         ("GET", "/metrics"), ("POST", "/tokenize"), ("GET", "/version")):
+        assert request(g, app, path, method=method)[0] == 200, (method, path)
     assert app.seen[-1] == "/version"
 
 
-@pytest.mark.parametrize("path", ["/collective_rpc", "/sleep", "/wake_up", "/reset_prefix_cache",
-                                  "/server_info", "/scale_elastic_ep", "/start_profile",
-                                  "/abort_requests", "/v1/load_lora_adapter", "/no_such_route",
-                                  "//collective_rpc", "/v1x/sleep"])
-def test_every_other_route_needs_the_secret(monkeypatch, path):
-    assert not is_open(path)
+@pytest.mark.parametrize("method, path", [
+    ("POST", "/collective_rpc"), ("POST", "/sleep"), ("POST", "/wake_up"),
+    ("POST", "/reset_prefix_cache"), ("GET", "/server_info"), ("POST", "/scale_elastic_ep"),
+    ("POST", "/start_profile"), ("POST", "/abort_requests"), ("POST", "/v1/load_lora_adapter"),
+    ("POST", "/v1/unload_lora_adapter"), ("POST", "/no_such_route"), ("POST", "//collective_rpc"),
+    ("POST", "/v1x/sleep"), ("POST", "/pause"), ("POST", "/update_weights"),
+    # routes this allowlist does not know, as a later vLLM might add them under /v1/
+    ("POST", "/v1/set_adapter"), ("DELETE", "/v1/models/smollm2-135m"), ("PUT", "/v1/completions"),
+    ("POST", "/v1/responses/resp_1/cancel"),
+    # an open path with another method or another spelling
+    ("POST", "/v1/models"), ("DELETE", "/health"), ("POST", "/v1/completions/"),
+    ("POST", "/V1/completions"), ("POST", "/v1//completions"),
+])
+def test_every_other_request_needs_the_secret(monkeypatch, method, path):
+    assert not is_open(method, path)
     g, app = guard(monkeypatch)
     for secret in (None, "guessed", SECRET[:-1], ""):
-        status, body = request(g, app, path, secret=secret)
+        status, body = request(g, app, path, method=method, secret=secret)
         assert status == 401 and "control secret" in body["error"]
     assert app.seen == []  # nothing reached the server
-    assert request(g, app, path, secret=SECRET)[0] == 200 and app.seen == [path]
+    assert request(g, app, path, method=method, secret=SECRET)[0] == 200 and app.seen == [path]
     assert request(g, app, path, kind="websocket")[0] == 1008
 
 

@@ -186,17 +186,78 @@ def test_the_serving_engine_never_starts_on_such_a_folder(tmp_path, monkeypatch,
     assert "\n" not in str(e.value)
 
 
-def test_the_serving_check_reads_a_folder_again_only_when_its_files_change(tmp_path):
+def test_the_serving_check_reads_a_folder_again_only_when_its_files_change(tmp_path, monkeypatch):
     import os
 
-    from pop_analysis.engine.weight_values import _folder_problem, folder_problem
+    from pop_analysis.engine import weight_values
+    from pop_analysis.engine.weight_values import folder_problem
 
     folder = saved(tmp_path)
     assert folder_problem(folder) is None
-    hits = _folder_problem.cache_info().hits
-    assert folder_problem(folder) is None and _folder_problem.cache_info().hits == hits + 1
+    reads = []
+    real = weight_values._file_tensors
+    monkeypatch.setattr(weight_values, "_file_tensors", lambda p: reads.append(p) or real(p))
+    assert folder_problem(folder) is None and reads == []  # remembered: not read again
     tensors = load_file(folder / "model.safetensors")
     tensors[UP][1, 1] = float("nan")
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     os.utime(folder / "model.safetensors", ns=(1, 1))  # a new version, whatever the clock says
     assert UP in folder_problem(folder)
+
+
+def damage(folder: Path, how: str) -> None:
+    weights = folder / "model.safetensors"
+    if how == "truncated":
+        weights.write_bytes(weights.read_bytes()[:200])
+    elif how == "header":
+        weights.write_bytes(b"\xff" * 64)
+    elif how == "no weights":
+        weights.unlink()
+    elif how == "bad index":
+        weights.rename(folder / "shard-1.safetensors")
+        (folder / "model.safetensors.index.json").write_text("{not json")
+    elif how == "missing shard":
+        weights.rename(folder / "shard-1.safetensors")
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"a": "shard-1.safetensors", "b": "shard-2.safetensors"}}))
+
+
+@pytest.mark.parametrize("how, why", [
+    ("truncated", "its weights cannot be read ("), ("header", "its weights cannot be read ("),
+    ("no weights", "it holds no weight file"), ("bad index", "shard index"),
+    ("missing shard", "its weights cannot be read ("),
+])
+def test_the_serving_check_fails_closed(tmp_path, monkeypatch, how, why):
+    """A folder whose weights cannot be read is refused and says why (it used to pass: any
+    exception meant "no problem", and the cache kept that answer)."""
+    import subprocess
+
+    from pop_analysis.engine.weight_values import folder_problem
+    from pop_analysis.serving.server import Engine, EngineSpec
+    from pop_analysis.serving.venv import ServingError
+
+    folder = saved(tmp_path)
+    assert folder_problem(folder) is None
+    damage(folder, how)
+    assert why in (folder_problem(folder) or ""), folder_problem(folder)
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("an engine started"))
+    with pytest.raises(ServingError) as e:
+        Engine(EngineSpec(model_dir=str(folder), name="bad")).start()
+    assert why in str(e.value) and "the engine was not started" in str(e.value)
+    assert "\n" not in str(e.value), str(e.value)
+
+
+def test_a_failed_read_is_not_remembered(tmp_path, monkeypatch):
+    from pop_analysis.engine import weight_values
+
+    folder = saved(tmp_path)
+    real = weight_values._file_tensors
+
+    def unreadable(path):
+        raise OSError(5, "Input/output error")
+        yield  # a generator, as the real reader
+
+    monkeypatch.setattr(weight_values, "_file_tensors", unreadable)
+    assert "cannot be read (OSError" in weight_values.folder_problem(folder)
+    monkeypatch.setattr(weight_values, "_file_tensors", real)  # the disk is back: read again
+    assert weight_values.folder_problem(folder) is None
