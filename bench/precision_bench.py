@@ -1,6 +1,7 @@
 """Stage-aware precision (docs/precision.md): int8 prompt layers, fp32 decode, with POP.
 
-Stages, each writing artifacts/precision_bench/<stage>_<model>.json (kernels: kernels.json):
+Stages, each writing a new bench/raw/precision_bench/<stage>_<model>__<every parameter>__<UTC
+start>.json (kernels: kernels__...; the report reads each one's newest):
 
     python bench/precision_bench.py kernels                      # int8 kernels vs fp32, per shape
     python bench/precision_bench.py ttft --model smollm2-135m    # TTFT at 32/128/512/2048
@@ -26,7 +27,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # busy-waiting threads: docs/timing.md
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "artifacts" / "precision_bench"
+_RUN: dict = {}  # what -> this run's raw output file
 
 import torch
 
@@ -48,14 +49,18 @@ from pop_analysis.speed.bench import random_prompt
 from pop_analysis.speed.precision_speed import FULL, layer_costs, time_config
 from pop_analysis.speed.timing import TimingConfig
 
+from bench_results import RAW, RawFile
+
+OUT = RAW / "precision_bench"
+
 LENGTHS = (32, 128, 512, 2048)
 
 
-def write(name: str, payload: dict) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def write(name: str, payload: dict, args) -> None:
     payload = {**payload, "threads": torch.get_num_threads(), "load": os.getloadavg()}
-    (OUT / f"{name}.json").write_text(json.dumps(payload, indent=1))
-    print(f"wrote {OUT / name}.json", file=sys.stderr)
+    if name not in _RUN:
+        _RUN[name] = RawFile("precision_bench", args, what=name)
+    print(f"wrote {_RUN[name].write(payload)}", file=sys.stderr)
 
 
 def log(msg: str) -> None:
@@ -81,7 +86,7 @@ def stage_ttft(lm, args) -> None:
         t = time_config(lm, ids, configs[3], pop, cfg)
         rows.append({"tokens": n, "config": configs[3].name, "against": "pop", **timing_row(t)})
         log(f"{n} pop+int8 vs pop: {t.speedup:.2f}x {t.note or ''}")
-        write(f"ttft_{lm.name}", {"rows": rows, "memory": memory(lm.adapter)})
+        write(f"ttft_{lm.name}", {"rows": rows, "memory": memory(lm.adapter)}, args)
 
 
 def drift_rows(lm, items, configs) -> dict:
@@ -125,7 +130,7 @@ def stage_quality(lm, args) -> None:
                                  "data": "gsm8k test (gold answers)",
                                  "max_new_tokens": args.max_new_tokens,
                                  "seconds": time.perf_counter() - t0, "summary": summary,
-                                 "per_item": per_item, "drift": drift})
+                                 "per_item": per_item, "drift": drift}, args)
 
 
 def stage_plan(lm, args) -> None:
@@ -167,7 +172,7 @@ def stage_plan(lm, args) -> None:
                          "skip_flag": c.skip_timing.note} for c in lc],
         "budget": budget, "pick": asdict(pick), "rows": rows, "grid_n": len(items),
         "frontier": [p.name for p in frontier(points)],
-        "check": check_pick(points[0], points[1:])})
+        "check": check_pick(points[0], points[1:])}, args)
 
 
 def _encode(lm, texts):
@@ -179,7 +184,7 @@ def _encode(lm, texts):
 def stage_kernels(args) -> None:
     from kernel_probe import probe  # bench/kernel_probe.py
 
-    write("kernels", probe(args.lengths))
+    write("kernels", probe(args.lengths), args)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Tables and the frontier plot from bench/precision_bench.py's results (artifacts/precision_bench).
+"""Tables and the frontier plot from bench/precision_bench.py's raw outputs (bench/raw/precision_bench:
+each stage's newest run).
 
 Quality estimates are recomputed from the per-item values (slices of one model's items merged):
 paired differences against the full model with BCa intervals, means with t intervals
@@ -11,12 +12,14 @@ from pathlib import Path
 
 from pop_analysis.quality import stats
 
+from bench_results import latest
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ("pop", "int8 prefill", "uniform int8", "pop + int8 prefill")
 
 
 def _load(out: Path, pattern: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(out.glob(pattern))]
+    return [json.loads(p.read_text()) for p in latest(out, pattern)]
 
 
 def merged_quality(out: Path, model: str) -> dict | None:
