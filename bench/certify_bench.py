@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -70,14 +69,16 @@ def main() -> int:
     cpu0, t0 = other_cpu_seconds_but_ours(), time.perf_counter()
     t = measure(uncertified, certified, TimingConfig(budget_s=args.budget_s))
     c, u = out["certified"], out["uncertified"]
-    print(json.dumps({
+    from bench_results import save
+
+    save("certify_bench", args, {
         "model": args.model, "selection_items": len(sel), "certification_items": len(cer),
         "timing": timing_fields(t) | {"meaning": "uncertified s / certified s"},
         "certified": {"note": c.note, "sets_searched": sum(s["tried"] for s in c.sequence),
                       "sets_tested": sum(1 for s in c.sequence if s.get("tested")),
                       "seconds": c.seconds},
         "uncertified": {"note": u.note, "sets_measured": len(u.candidates)},
-        "conditions": conditions(cpu0, t0)}, indent=1))
+        "conditions": conditions(cpu0, t0)})
     return 0
 
 
