@@ -19,7 +19,7 @@ PLAYING = "step.playing"
 MOVED = "step.moved_at"  # when the frame last changed (the player waits PLAY_S after it)
 URL_READ = "step.url_read"
 PLAY_S = 2.5  # seconds per frame while playing
-GRID_PX, CLOCK_PX = 410, 220  # the presenter's view: both on one 1440x900 screen, under the buttons
+GRID_PX, CLOCK_PX = 395, 235  # the presenter's view: both on one 1440x900 screen, under the buttons
 # there: the legend beside the grids (not under them), every fifth layer named
 GRID_LAYOUT = {"legend": dict(orientation="v", x=1.01, y=1, yanchor="top", font_size=16),
                "yaxis_dtick": 5, "margin_r": 200, "margin_b": 100}
@@ -98,7 +98,7 @@ def frame(rec, f: dict) -> dict:
         presenter.plot(figures["grid"], key="step.grid", projector_height=GRID_PX, title=False,
                        projector_layout=GRID_LAYOUT)
         presenter.plot(figures["clock"], key="step.clock", projector_height=CLOCK_PX,
-                       projector_layout={"margin_b": 60})
+                       projector_layout={"margin_b": 60, "yaxis_tickfont_size": 15, "bargap": 0.25})
     st.caption(f["explain"])
     full, kv, written = cells(shown)
     m = st.columns(4)

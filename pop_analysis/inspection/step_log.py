@@ -3,8 +3,9 @@ own modules while the engine runs (nothing here re-states what POP should do).
 
 The engine runs the stack chunk by chunk (`pop.run_layers`); each chunk starts with one call of the
 rotary embedding carrying the chunk's position ids, so a hook there names the positions every
-later call of that chunk works on. Attention and FFN calls of layer i are hooked as the call
-counters hook them (engine.counters); a K projection outside its layer's attention is POP's
+later call of that chunk works on. Attention and FFN calls of layer i are hooked on their modules
+(the engine's counters, engine.counters, count the matmuls instead: the tests hold the two
+witnesses equal); a K projection outside its layer's attention is POP's
 independent K/V projection of a skipped layer. The stage comes from the CallCounts object the
 engine updates between phases ("prefill", "boundary"; the caller names decode steps), so the
 log and the engine's own counters describe the same run.

@@ -24,6 +24,17 @@ SIDEBAR_COLLAPSED = """() => document.querySelector('[data-testid="stSidebar"]')
                                 ?.getAttribute('data-collapsed')"""
 
 
+# Where the presenter's first screen ends: the title below the top bar, the grid's and the clock's
+# drawn area (axes included) within the window.
+FIRST_SCREEN = """() => {
+  const h1 = document.querySelector('h1'), bar = document.querySelector('[data-testid="stHeader"]');
+  const plots = [...document.querySelectorAll('.js-plotly-plot .cartesianlayer')];
+  if (!h1 || !bar || plots.length < 2) return null;
+  return {title_top: h1.getBoundingClientRect().top, bar_bottom: bar.getBoundingClientRect().bottom,
+          height: window.innerHeight, plots: plots.map(p => p.getBoundingClientRect().bottom)};
+}"""
+
+
 def step_of(page) -> list[int]:
     return wait_for(page, "the step counter", STEP)
 
@@ -76,12 +87,17 @@ def test_a_class_on_a_fresh_store(server, browser_page):
     press(page, "PageDown", "PageDown: the next page")
     visible(page, page.get_by_role("heading", name=re.compile("Calibrate")), "the Calibrate page")
 
+    page.set_viewport_size({"width": 1440, "height": 900})  # a lecture hall's projector
     page.goto(server["url"] + "/stepthrough?present=1&step=3")
-    visible(page, page.locator(PLOT).first, "the presenter's step-through", timeout_s=120)
+    visible(page, page.locator(PLOT).nth(1), "the presenter's step-through", timeout_s=120)
     idle(page)
     wait_for(page, "large type", f"() => ({FONT})() === '21px'")
     wait_for(page, "the sidebar collapsed", f"() => ({SIDEBAR_COLLAPSED})() === 'true'")
     assert step_of(page)[0] == 3 and not page.get_by_text("Download this page's data").count()
+    screen = wait_for(page, "the first screen laid out", FIRST_SCREEN)
+    assert screen["title_top"] >= screen["bar_bottom"], f"the title under the top bar: {screen}"
+    assert max(screen["plots"][:2]) <= screen["height"], f"grid and clock below the fold: {screen}"
+    page.screenshot(path=str(SHOTS / "class_3_presenter_1440x900.png"))
     shot(page, "class_3_presenter_boundary")
     open_sidebar = page.locator('[data-testid="stExpandSidebarButton"]')
     open_sidebar.click()  # the toggle, off again: the view returns, the sidebar stays open
@@ -90,6 +106,8 @@ def test_a_class_on_a_fresh_store(server, browser_page):
     rerun(page, toggle.click, "the presenter's view off")
     wait_for(page, "normal type", f"() => ({FONT})() === '16px'")
     assert "present=1" not in page.url
+    rerun(page, lambda: page.keyboard.press("ArrowRight"), "→ right after the toggle, no click")
+    assert step_of(page)[0] == 4, "the keys work after the sidebar toggle"
     assert "Traceback" not in page.content()
     (SHOTS / "class_perf.json").write_text(json.dumps(perf, indent=1))
     print(json.dumps(perf, indent=1))
