@@ -41,6 +41,8 @@ def number(where, label: str, low, high, key: str, **kw):
     """A number box that refuses an out-of-range value where it is typed: the value is kept as
     typed (no silent return to the last valid one), a one-line error stands under the box, and
     `refused()` is true for the rest of the run, so the page's Run button is disabled."""
+    if isinstance(low, int) and isinstance(high, int):
+        kw.setdefault("step", 1)  # whole numbers (without bounds the box would hold floats)
     value = where.number_input(label, key=key, **kw)  # no min/max: the browser would keep the old
     if value is None or not low <= value <= high:
         got = "nothing" if value is None else f"{value:g}"

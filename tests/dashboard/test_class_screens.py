@@ -81,6 +81,7 @@ def test_a_number_out_of_range_is_refused_where_it_is_typed_and_nothing_runs():
     assert at.session_state["lab.generation"] is shown
     at.number_input(key="gen.max_new").set_value(16).run()
     assert not at.error and not at.button(key="gen.go").disabled
+    assert type(at.number_input(key="gen.max_new").value) is int  # a count, not 16.00
     goto(at, "sweeps")
     at.number_input(key="sw.rep").set_value(2).run()
     assert "Timing rounds (at least) must lie in 3..50; got 2" in texts(at.error)
