@@ -43,12 +43,8 @@ def flags(p: PrefillSpeed) -> list[str]:
     """Why the speedup is not a figure to quote: the protocol's reasons, and the median of the
     per-round ratios disagreeing with the ratio of the median TTFTs shown beside it."""
     t = p.timing
-    of_medians = t.full_median_ms / t.variant_median_ms
     out = list(t.reasons) if t.reasons else ([t.note] if t.note else [])
-    if (of_medians - 1) * (p.speedup - 1) < 0 or not t.low <= of_medians <= t.high:
-        out.append(f"the median TTFTs give {of_medians:.2f}×, outside the rounds' IQR "
-                   f"{t.low:.2f}–{t.high:.2f}×")
-    return out
+    return out + ([t.medians_disagree()] if t.medians_disagree() else [])
 
 
 def headline(p: PrefillSpeed) -> str:
@@ -95,7 +91,7 @@ def one_story(p: PrefillSpeed, name: str) -> str:
     text = (f"The speedup {p.speedup:.2f}× is the median of {t.rounds} per-round ratios (each "
             f"round times full and {name} back to back); the two median TTFTs above give "
             f"{of_medians:.2f}×.")
-    if (of_medians - 1) * (p.speedup - 1) < 0 or not t.low <= of_medians <= t.high:
+    if t.medians_disagree():
         text += (" ⚠ They disagree beyond the rounds' interquartile range: the rounds were "
                  "noisy, so neither is a measurement to quote.")
     if p.tokens < 64:

@@ -4,7 +4,7 @@ protocol and within its margin of its ideal, and the step-through's clock with P
 before the full model's. A flagged figure teaches whatever the machine was doing, not POP."""
 from __future__ import annotations
 
-from pop_analysis.speed.timing import TimingConfig
+from pop_analysis.speed.timing import Timing, TimingConfig
 
 MARGIN = TimingConfig().ideal_margin  # the protocol's own margin above an ideal
 
@@ -38,8 +38,10 @@ def generation_problems(p: dict) -> list[str]:
     if not speed:
         return ["generation: no speed measurement"]
     t = speed["timing"]
-    return _ratio(f"generation TTFT at {speed['tokens']} tokens", t["speedup"],
-                  speed["ideal_speedup"], t["trustworthy"], t["note"])
+    where = f"generation TTFT at {speed['tokens']} tokens"
+    split = Timing(**t).medians_disagree()  # the Generate page flags this too
+    return _ratio(where, t["speedup"], speed["ideal_speedup"], t["trustworthy"], t["note"]) + (
+        [f"{where}: {t['speedup']:.2f}x, but {split}"] if split else [])
 
 
 def sweep_problems(p: dict) -> list[str]:

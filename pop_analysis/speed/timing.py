@@ -124,6 +124,16 @@ class Timing:
     def variant_median_ms(self) -> float:
         return float(np.median(self.variant_ms))
 
+    def medians_disagree(self) -> str | None:
+        """Why the median of the per-round ratios and the ratio of the two median times tell
+        different stories (the latter outside the rounds' IQR, or on the other side of 1.0), or
+        None. A page showing both figures must not show the first plain then."""
+        of_medians = self.full_median_ms / self.variant_median_ms
+        if (of_medians - 1) * (self.speedup - 1) < 0 or not self.low <= of_medians <= self.high:
+            return (f"the median TTFTs give {of_medians:.2f}×, outside the rounds' IQR "
+                    f"{self.low:.2f}–{self.high:.2f}×")
+        return None
+
     def fields(self) -> dict:
         """The keys every CLI row carries (the contract in the README)."""
         return {"speedup_range": [round(self.low, 4), round(self.high, 4)],

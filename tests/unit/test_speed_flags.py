@@ -65,3 +65,14 @@ def test_the_quiet_wait_returns_once_a_window_is_quiet_or_the_time_is_up():
     ok, cores = wait_quiet(5, 2, window_s=2.0, cpus=2, probe=lambda: next(busy),
                            clock=lambda: clock[0], sleep=sleep)
     assert not ok and cores == 0.5 and clock[0] == 6.0
+
+
+def test_an_example_whose_medians_leave_the_rounds_iqr_is_not_shipped():
+    from pop_analysis.speed.example_timings import problems
+
+    gen = json.loads(ex.example_path("gemma3-270m", "generation").read_text())["payload"]
+    p = _speed([0.2539, 0.2432, 0.2484, 0.2125], [0.2488, 0.2237, 0.2260, 0.2139])
+    gen["speed"] = p.to_dict()
+    assert problems("generation", gen) == [
+        "generation TTFT at 12 tokens: 1.05x, but the median TTFTs give 1.09×, outside the "
+        "rounds' IQR 1.01–1.09×"]
