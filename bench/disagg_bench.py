@@ -63,9 +63,10 @@ def main(argv=None) -> int:
 
 
 def _spec(args, **kw):
-    from pop_analysis.serving.spec import make_spec
+    from pop_analysis.serving.spec import spec_for
+    from pop_vllm.run_setting import RunSetting
 
-    return make_spec(args.model, SKIP, "pop", max_model_len=2048, **kw)
+    return spec_for(args.model, RunSetting(SKIP), max_model_len=2048, **kw)
 
 
 def _measure(args, sides, spec_load, names, pids, tokenizer) -> dict:
@@ -120,11 +121,12 @@ def part_prefill(args) -> dict:
     from pop_analysis.serving.bench import Target
     from pop_analysis.serving.loadgen import LoadSpec
     from pop_analysis.serving.server import Engine
+    from pop_vllm.run_setting import RunSetting
 
     root = Path(tempfile.mkdtemp(prefix="poplab-kv-"))
     base = _spec(args)
     def prefill(variant):  # the producer side of a topology, alone on core 0
-        spec = replace(base, variant=variant, skip=SKIP if variant == "pop" else ())
+        spec = replace(base, setting=RunSetting(SKIP) if variant == "pop" else RunSetting.full())
         return Engine(disagg.plan(spec, "pop", (0,), (1,), kv_root=root).prefill)
     engines = {v: prefill(v) for v in ("full", "pop")}
     try:

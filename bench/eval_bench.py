@@ -25,20 +25,21 @@ from pop_analysis.engine.models import load_model
 from pop_analysis.engine.skipset import preset
 from pop_analysis.quality.answers import answer_matches
 from pop_analysis.quality.evalsets import load_eval_set
-from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.quality.evaluate import FULL, Arm, evaluate_variants
 from pop_analysis.quality.metrics import agreement, greedy_tokens, score_continuations
 from pop_analysis.quality.stats import paired_delta, required_n
+from pop_vllm.run_setting import RunSetting
 
 
 def item_by_item(lm, items, variants, max_new_tokens) -> None:
     """The sweeps' evaluation before batching, step for step."""
-    refs = [greedy_tokens(lm, it.prompt_ids, "full", (), max_new_tokens) for it in items]
+    refs = [greedy_tokens(lm, it.prompt_ids, RunSetting.full(), max_new_tokens) for it in items]
     for v in variants:
         for it, ref in zip(items, refs):
             cont = list(it.reference_ids) or ref
-            score_continuations(lm, it.prompt_ids, [cont], v.engine, v.skip)
-            out = ref if v.engine == "full" else greedy_tokens(lm, it.prompt_ids, v.engine, v.skip,
-                                                               max_new_tokens)
+            score_continuations(lm, it.prompt_ids, [cont], v.setting)
+            out = ref if not v.setting.active else greedy_tokens(lm, it.prompt_ids, v.setting,
+                                                                 max_new_tokens)
             agreement(ref, out)
             if it.answer is not None:
                 answer_matches(lm.tokenizer.decode(out, skip_special_tokens=True), it.answer)
@@ -62,7 +63,7 @@ def throughput(lm, items, variants, max_new_tokens) -> dict:
 
 def spread(lm, n: int, width: float) -> dict:
     items = load_eval_set(lm, "gsm8k", n).items
-    pop = Variant("pop", "pop", preset("paper", lm.adapter.n_layers))
+    pop = Arm("pop", RunSetting(preset("paper", lm.adapter.n_layers)))
     t0 = time.perf_counter()
     scores = evaluate_variants(lm, items, [pop], generate=False)
     seconds = time.perf_counter() - t0
@@ -85,7 +86,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_model("smollm2-135m", device="cpu")
     skip = preset("paper", lm.adapter.n_layers)
-    variants = [FULL, Variant("pop", "pop", skip), Variant("static", "static", skip)]
+    variants = [FULL, Arm("pop", RunSetting(skip)), Arm("static", RunSetting(skip, "static"))]
     items = load_eval_set(lm, "gsm8k", args.items).items
     out = {"model": lm.name, "threads": torch.get_num_threads(), "items": len(items),
            "variants": [v.name for v in variants], "max_new_tokens": args.max_new_tokens,

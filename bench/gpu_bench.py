@@ -30,6 +30,7 @@ from pop_analysis.engine.pop import left_pad, run_prompt
 from pop_analysis.engine.skipset import last_block
 from pop_analysis.experiments.paper import table2_speedups
 from pop_analysis.speed.bench import bench_length
+from pop_vllm.run_setting import RunSetting
 
 from bench_results import RawFile
 
@@ -97,12 +98,13 @@ def check(lm, dtype: torch.dtype) -> dict:
     ref = lm.model(input_ids=ids, attention_mask=mask).logits[:, -1].float()  # (2, V)
     out = {}
     for variant in ("full", "pop"):
-        ours = run_prompt(lm.adapter, ids, variant, (), attention_mask=mask).logits  # (2, V)
+        setting = RunSetting((), variant)
+        ours = run_prompt(lm.adapter, ids, setting, attention_mask=mask).logits  # (2, V)
         rel = ((ours - ref).abs().max() / ref.abs().max()).item()
         out[variant] = {"max_rel_diff": round(rel, 6),
                         "top1_agree": bool((ours.argmax(-1) == ref.argmax(-1)).all())}
     skip = last_block(lm.adapter.n_layers, 1 / 3)
-    pop = run_prompt(lm.adapter, ids, "pop", skip, attention_mask=mask).logits  # (2, V)
+    pop = run_prompt(lm.adapter, ids, RunSetting(skip), attention_mask=mask).logits  # (2, V)
     out["pop_last_third_finite"] = bool(torch.isfinite(pop).all())
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     out["ok"] = all(out[v]["max_rel_diff"] < tol for v in ("full", "pop")) and bool(

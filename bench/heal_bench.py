@@ -31,7 +31,7 @@ import torch
 
 from pop_analysis.data.prompts import load_prompts
 from pop_analysis.engine.generate import SamplingConfig, encode, generate
-from pop_analysis.engine.heal import Healer, first_differing_layer, heal_greedy, heal_prompt
+from pop_analysis.engine.heal import Healer, heal_greedy, heal_prompt
 from pop_analysis.engine.models import load_model
 from pop_analysis.engine.pop import FirstStep, left_pad
 from pop_analysis.engine.skipset import describe, resolve
@@ -39,7 +39,8 @@ from pop_analysis.quality.metrics import agreement
 from pop_analysis.quality.retrieval import RetrievalConfig, retrieval_items
 from pop_analysis.quality.stats import mean_ci, paired_delta, proportion_ci
 from pop_analysis.speed.timing import TimingConfig, judge, other_cpu_seconds
-from pop_vllm.healing import NO_HEAL, make
+from pop_vllm.healing import make
+from pop_vllm.run_setting import RunSetting
 
 from bench_results import RAW, RawFile, latest
 
@@ -49,12 +50,13 @@ _RUN: dict = {}  # what -> this run's raw output file
 DATA = ROOT.parent / "shared" / "data"
 
 
-def settings(args) -> dict:
-    """The runs compared: name -> (variant, Heal); --policies picks the healing ones."""
+def settings(args, skip) -> dict:
+    """The runs compared: name -> RunSetting; --policies picks the healing ones."""
+    pop = RunSetting(skip)
     heals = {"eager": make("eager", chunk=args.chunk),
              "budget": make("budget", chunk=args.chunk, budget_positions=args.budget)}
-    return {"full": ("full", NO_HEAL), "pop": ("pop", NO_HEAL),
-            **{f"heal_{p}": ("pop", heals[p]) for p in args.policies.split(",")}}
+    return {"full": RunSetting.full(), "pop": pop,
+            **{f"heal_{p}": pop.replace(heal=heals[p]) for p in args.policies.split(",")}}
 
 
 def write(name: str, payload: dict, args) -> None:
@@ -82,22 +84,25 @@ def fewshot_prompts(lm, n: int, tokens: int) -> list[list[int]]:
     return out
 
 
-def greedy(lm, ids, mask, variant, skip, heal, n_new):
-    first, healer = heal_prompt(lm.adapter, ids, variant, skip, heal, attention_mask=mask)
+def greedy(lm, ids, mask, setting, n_new):
+    first, healer = heal_prompt(lm.adapter, ids, setting, attention_mask=mask)
     toks = heal_greedy(lm.adapter, first, healer, n_new).tolist()
     return toks, (healer.report() if healer else None)
 
 
-def shared_prefill(lm, ids, mask, skip, runs, n_new) -> dict:
-    """The POP runs of `runs` from one pruned prefill (each on its own copy of the cache): the
-    prefill is the same computation for plain POP and every healing policy."""
+def shared_prefill(lm, ids, mask, runs, n_new) -> dict:
+    """The POP runs of `runs` (settings of one skip set) from one pruned prefill (each on its own
+    copy of the cache): the prefill is the same computation for plain POP and every healing
+    policy."""
     a = lm.adapter
-    first, _ = heal_prompt(a, ids, "pop", skip, make("eager"), attention_mask=mask)
+    pop = next(iter(runs.values()))
+    first, _ = heal_prompt(a, ids, pop.replace(heal=make("eager")), attention_mask=mask)
     out = {}
-    for name, (_, heal) in runs.items():
+    for name, setting in runs.items():
+        heal, f = setting.heal, setting.first_skipped(a.n_layers)
         own = FirstStep(first.logits, a.fork_cache(first.cache, first.position + n_new),
                         first.position, first.attention_mask, first.trunk)
-        healer = Healer(a, heal, own, first_differing_layer(a, "pop", skip)) if heal.active else None
+        healer = Healer(a, heal, own, f) if heal.active else None
         out[name] = (heal_greedy(a, own, healer, n_new).tolist(), healer and healer.report())
     return out
 
@@ -108,15 +113,15 @@ def batches(items, size):
 
 
 def quality(args, lm, skip) -> None:
-    runs = settings(args)
+    runs = settings(args, skip)
     prompts = fewshot_prompts(lm, args.prompts, args.tokens)
     outs = {k: [] for k in runs}
     horizons = {k: [] for k in runs}
     t0 = time.time()
     for i, group in batches(prompts, args.batch):
         ids = torch.tensor(group)  # (B, T): every prompt has the same length, no padding
-        got = {"full": greedy(lm, ids, None, "full", skip, NO_HEAL, args.new)}
-        got.update(shared_prefill(lm, ids, None, skip, {k: v for k, v in runs.items() if k != "full"},
+        got = {"full": greedy(lm, ids, None, runs["full"], args.new)}
+        got.update(shared_prefill(lm, ids, None, {k: v for k, v in runs.items() if k != "full"},
                                   args.new))
         for name, (toks, rep) in got.items():
             outs[name] += toks
@@ -146,7 +151,7 @@ def write_quality(args, lm, skip, runs, outs, horizons, planned: int) -> None:
                                         if gap else None)
     write(f"quality_{lm.name}_{args.tokens}", {
         "model": lm.name, "tokens": args.tokens, "new_tokens": args.new, "skip": describe(skip),
-        "runs": {k: {"variant": v, "heal": h.as_dict()} for k, (v, h) in runs.items()},
+        "runs": {k: {"variant": str(s.variant), "heal": s.heal.as_dict()} for k, s in runs.items()},
         "data": "GSM8K few-shot (train examples + a test question), cut to the last tokens",
         "planned_prompts": planned, "summary": summary,
         "per_item": {"agreement": per, "horizon": horizons}}, args)
@@ -158,15 +163,15 @@ def _median(xs):
 
 
 def retrieval(args, lm, skip) -> None:
-    runs = settings(args)
+    runs = settings(args, skip)
     items = retrieval_items(lm, RetrievalConfig(n_items=args.prompts, length=args.tokens))
     hits = {k: [] for k in runs}
     t0 = time.time()
     for i, group in batches(items, args.batch):
         ids, mask = left_pad([list(it.prompt_ids) for it in group], device=lm.adapter.device)
         n_new = max(len(it.reference_ids) for it in group)
-        for name, (variant, heal) in runs.items():
-            toks, _ = greedy(lm, ids, mask, variant, skip, heal, n_new)
+        for name, setting in runs.items():
+            toks, _ = greedy(lm, ids, mask, setting, n_new)
             hits[name] += [t[:len(it.reference_ids)] == list(it.reference_ids) for t, it in zip(toks, group)]
         print(f"[{time.time() - t0:.0f}s] {i + len(group)}/{len(items)} items", flush=True)
     summary = {k: proportion_ci(v).__dict__ for k, v in hits.items()}
@@ -175,15 +180,15 @@ def retrieval(args, lm, skip) -> None:
         summary[k]["delta_vs_full"] = {"mean": d.value, "ci": d.ci}
     write(f"retrieval_{lm.name}_{args.tokens}", {
         "model": lm.name, "tokens": args.tokens, "skip": describe(skip), "summary": summary,
-        "runs": {k: {"variant": v, "heal": h.as_dict()} for k, (v, h) in runs.items()},
+        "runs": {k: {"variant": str(s.variant), "heal": s.heal.as_dict()} for k, s in runs.items()},
         "per_item": {k: [int(x) for x in v] for k, v in hits.items()}}, args)
 
 
-def one_run(lm, ids, variant, skip, heal, n_new) -> dict:
+def one_run(lm, ids, setting, n_new) -> dict:
     """One streamed generation: token arrival times (s) and the healing report."""
     cfg = SamplingConfig(max_new_tokens=n_new, stop_at_eos=False)
     times, rep = [], None
-    for tok in generate(lm, ids, variant, skip, cfg, heal=heal):
+    for tok in generate(lm, ids, setting, cfg):
         times.append(tok.elapsed_s)
         rep = tok.heal
     return {"times": times, "heal": rep}
@@ -198,17 +203,17 @@ def phases(times, horizon) -> dict:
 
 
 def timing(args, lm, skip) -> None:
-    runs = settings(args)
+    runs = settings(args, skip)
     ids = fewshot_prompts(lm, 1, args.tokens)[0]
     order = list(runs)
     for name in order:  # warm-up, untimed
-        one_run(lm, ids, runs[name][0], skip, runs[name][1], 4)
+        one_run(lm, ids, runs[name], 4)
     rounds = []
     before, t0 = other_cpu_seconds(), time.perf_counter()
     for r in range(args.rounds):
         got = {}
         for name in (order if r % 2 == 0 else order[::-1]):
-            got[name] = one_run(lm, ids, runs[name][0], skip, runs[name][1], args.new)
+            got[name] = one_run(lm, ids, runs[name], args.new)
         rounds.append(got)
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(
             f"{k} last {v['times'][-1]:.2f}s" for k, v in got.items()), flush=True)
@@ -229,7 +234,7 @@ def timing(args, lm, skip) -> None:
                     f"{base}_ms": float(np.median([p[metric] for p in ph[base]]) * 1e3),
                     "heal_ms": float(np.median([p[metric] for p in ph[heal_name]]) * 1e3)}
 
-        out[heal_name] = {"heal": runs[heal_name][1].as_dict(), "horizon": hz,
+        out[heal_name] = {"heal": runs[heal_name].heal.as_dict(), "horizon": hz,
                           "ttft_vs_pop": cmp("pop", "ttft"),
                           "tpot_during_vs_pop": cmp("pop", "during"),
                           "tpot_during_vs_full": cmp("full", "during"),

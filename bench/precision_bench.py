@@ -42,12 +42,13 @@ from pop_analysis.importance.precision_plan import int8_errors, layer_losses, pl
 from pop_analysis.data.prompts import load_prompts
 from pop_analysis.inspection.cache_drift import cache_cosine
 from pop_analysis.quality.evalsets import load_eval_set
-from pop_analysis.quality.evaluate import Variant, evaluate_variants
+from pop_analysis.quality.evaluate import Arm, evaluate_variants
 from pop_analysis.quality.summary import metric_fields
 from pop_analysis.quality import stats
 from pop_analysis.speed.bench import random_prompt
 from pop_analysis.speed.precision_speed import FULL, layer_costs, time_config
 from pop_analysis.speed.timing import TimingConfig
+from pop_vllm.run_setting import RunSetting
 
 from bench_results import RAW, RawFile
 
@@ -94,9 +95,9 @@ def drift_rows(lm, items, configs) -> dict:
     a, out = lm.adapter, {c.name: {"k": [], "v": [], "k_min": [], "v_min": []} for c in configs}
     for it in items:
         ids = torch.tensor([list(it.prompt_ids)])  # (1, N)
-        ref = run_prompt(a, ids, "full").cache
+        ref = run_prompt(a, ids, RunSetting.full()).cache
         for c in configs:
-            cos = cache_cosine(a, run_prompt(a, ids, c.variant, c.skip, precision=c.precision).cache,
+            cos = cache_cosine(a, run_prompt(a, ids, c.setting, precision=c.precision).cache,
                                ref)
             for q in ("k", "v"):
                 out[c.name][q].append(sum(cos[q]) / len(cos[q]))
@@ -107,7 +108,7 @@ def drift_rows(lm, items, configs) -> dict:
 def stage_quality(lm, args) -> None:
     configs = standard(lm.adapter.n_layers)
     items = load_eval_set(lm, "gsm8k", args.start + args.samples).items[args.start:]
-    variants = [Variant(c.name, c.variant, c.skip, c.precision) for c in configs]
+    variants = [Arm(c.name, c.setting, c.precision) for c in configs]
     t0 = time.perf_counter()
     done = [0]
 
@@ -152,7 +153,7 @@ def stage_plan(lm, args) -> None:
     picked = from_plan("planner", list(pick.layers))
     candidates = [picked] + grid(a.n_layers)
     items = load_eval_set(lm, "gsm8k", args.grid_samples).items
-    variants = [Variant(c.name, c.variant, c.skip, c.precision) for c in candidates]
+    variants = [Arm(c.name, c.setting, c.precision) for c in candidates]
     scores = evaluate_variants(lm, items, variants, args.max_new_tokens, generate=False)
     ids512 = random_prompt(lm, args.plan_tokens)
     points, rows = [], []

@@ -35,6 +35,7 @@ from pop_analysis.quality.evalsets import NAMED, data_dir, load_eval_set, read_r
 from pop_analysis.repair.evaluate import compare, summary
 from pop_analysis.repair.fit import RepairConfig
 from pop_analysis.repair.store import attach, fit_and_store, memory
+from pop_vllm.run_setting import RunSetting
 
 from bench_results import RAW, RawFile
 
@@ -106,10 +107,10 @@ def stage_drift(lm, skip, args) -> None:
         return {**avg.block_means(), "kl": sum(p["kl"] for p in per_prompt) / len(runs),
                 "layers": layers, "per_prompt": per_prompt}
 
-    out = {"pop": block([drift(lm, ids, skip, cfg) for ids in prompts])}
+    out = {"pop": block([drift(lm, ids, RunSetting(skip), cfg) for ids in prompts])}
     for name, rep in repairs(lm, skip).items():
         attach(lm, rep, skip)
-        out[name] = block([drift(lm, ids, skip, cfg, variant="pop_repair") for ids in prompts])
+        out[name] = block([drift(lm, ids, RunSetting(skip, "pop_repair"), cfg) for ids in prompts])
     write(f"drift_{args.ratio}", {"skip": list(skip), "n": len(prompts), "block_means": out}, args)
 
 

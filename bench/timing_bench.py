@@ -39,10 +39,12 @@ from pop_analysis.speed.bench import (
 )
 from pop_analysis.speed.machine import machine_rates
 from pop_analysis.speed.timing import TimingConfig, other_cpu_seconds
+from pop_vllm.run_setting import RunSetting
 
 from bench_results import RawFile
 
 PAPER_SKIP = tuple(range(20, 30))
+FULL = RunSetting.full()
 QUIET_WAIT = 120.0  # seconds a quiet part waits for other processes to calm down (set by --quiet-wait)
 SWEEP_TIMING = TimingConfig()  # a sweep row's defaults: >= 3 rounds, 2 s budget, 1 warm-up
 RAW = TimingConfig(spread_limit=1e9, busy_cores=1e9)  # flags off: the raw spread and load
@@ -68,7 +70,7 @@ def summary(values) -> dict:
 
 def one(lm, length, skip, cfg, lock=None) -> dict:
     ids = random_prompt(lm, length)  # (1, N)
-    p = time_prefill(lm, ids, "pop", skip, cfg, lock=lock)
+    p = time_prefill(lm, ids, RunSetting(skip), cfg, lock=lock)
     t = p.timing
     return {"length": length, "skip": len(skip), "speedup": round(t.speedup, 4),
             "range": [round(t.low, 4), round(t.high, 4)], "rounds": t.rounds,
@@ -140,11 +142,11 @@ def part_hog(lm, reps: int) -> dict:
         for _ in range(reps):
             for n in (32, 128, 512):
                 for skip in (PAPER_SKIP, tuple(range(15, 30)), ()):
-                    p = measure_speedup(lm, "pop", skip, n, SWEEP_TIMING)
+                    p = measure_speedup(lm, RunSetting(skip), n, SWEEP_TIMING)
                     rows.append({"path": "sweep", **_flat(p)})
                     ids = random_prompt(lm, n)
-                    first_token(lm, ids, "full", ()), first_token(lm, ids, "pop", skip)  # stream
-                    p = time_prefill(lm, ids, "pop", skip, PAGE_TIMING, lock=lock.hold)
+                    first_token(lm, ids, FULL), first_token(lm, ids, RunSetting(skip))  # stream
+                    p = time_prefill(lm, ids, RunSetting(skip), PAGE_TIMING, lock=lock.hold)
                     rows.append({"path": "generate page", **_flat(p)})
     bad = [r for r in rows if r["trustworthy"] and r["speedup"] > 1.10 * max(r["ideal"],
                                                                               r["roofline"])]
@@ -171,9 +173,9 @@ def part_page(lm, reps: int) -> dict:
     quiet = wait_quiet(QUIET_WAIT)
     ids = random_prompt(lm, 512)  # (1, 512)
     for _ in range(reps):
-        first_token(lm, ids, "full", ()), first_token(lm, ids, "pop", PAPER_SKIP)  # the stream
+        first_token(lm, ids, FULL), first_token(lm, ids, RunSetting(PAPER_SKIP))  # the stream
         t0 = time.perf_counter()
-        p = time_prefill(lm, ids, "pop", PAPER_SKIP, PAGE_TIMING, lock=lock.hold)
+        p = time_prefill(lm, ids, RunSetting(PAPER_SKIP), PAGE_TIMING, lock=lock.hold)
         out.append({"seconds": round(time.perf_counter() - t0, 3), **_flat(p)})
     return {"runs": out, "seconds": summary(r["seconds"] for r in out), "other_cores_before": quiet,
             "round_s": round(statistics.median((r["full_ms"] + r["pop_ms"]) / 1e3 for r in out), 3)}

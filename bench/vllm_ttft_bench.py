@@ -27,6 +27,8 @@ import time
 from functools import partial
 from pathlib import Path
 
+from pop_vllm.run_setting import RunSetting
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = list(range(20, 30))
 
@@ -85,7 +87,7 @@ def main(argv=None) -> int:
     llm = LLM(str(ROOT / "cache" / "models" / "smollm2-135m"), dtype="float32", seed=0,
               enforce_eager=args.mode == "eager", enable_prefix_caching=False,
               max_model_len=longest + 80, max_num_batched_tokens=longest + 80, max_num_seqs=4,
-              hf_overrides=overrides("LlamaForCausalLM", SKIP, "pop"))
+              hf_overrides=overrides("LlamaForCausalLM", RunSetting(SKIP)))
     start_s = time.perf_counter() - t0
     try:
         # the engine's worker and core are our child processes: their CPU is ours, not another's
@@ -110,7 +112,7 @@ def _flop_ideal(n: int) -> float:
     shape = Shape(c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"],
                   c["num_key_value_heads"], c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
                   c["intermediate_size"], c["vocab_size"], c["max_position_embeddings"])
-    return ideal_speedup(shape, n, SKIP)
+    return ideal_speedup(shape, n, RunSetting(SKIP))
 
 
 def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> int:
@@ -119,7 +121,8 @@ def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> i
                        budget_s=args.budget, warmup=1)
 
     def gen(variant: str, ids, n_new: int) -> None:
-        clock.exclude(llm.collective_rpc, "pop_set", None, (SKIP, variant))
+        setting = RunSetting(SKIP, variant).as_config()
+        clock.exclude(llm.collective_rpc, "pop_set", None, (setting,))
         llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=n_new, temperature=0.0,
                                                                  ignore_eos=True), use_tqdm=False)
 

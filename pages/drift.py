@@ -11,6 +11,7 @@ from pop_analysis.errors import first_line
 from pop_analysis.inspection import drift as dr
 from pop_analysis.inspection import drift_length
 from pop_analysis.progress import duration
+from pop_vllm.run_setting import RunSetting
 
 st.title("Representation drift: POP vs full")
 st.markdown("Cosine similarity between POP and the full model per layer: hidden states and K/V cache "
@@ -62,7 +63,8 @@ with st.container(border=True):
     def measure(p):
         if variant == "pop_repair":
             kv_repair.use_stored(lm, skip)  # under the model lock: the newest stored maps
-        return dr.cached_drift(lm, ids, skip, cfg, progress=p, variant=variant, notice=p.notice)
+        return dr.cached_drift(lm, ids, RunSetting(skip, variant), cfg, progress=p,
+                               notice=p.notice)
 
     if go:
         try:
@@ -116,7 +118,7 @@ len_now = {"lengths": sorted(lengths), "skip set": describe(skip), "decode steps
 if c[1].button("Measure vs length", key="drift.len_go",
                disabled=not lengths or jobs.running("drift_length")):
     jobs.start("drift_length", "Drift vs length", lambda p: drift_length.cached_drift_by_length(
-        lm, sorted(lengths), skip, cfg, progress=p, notice=p.notice),
+        lm, sorted(lengths), RunSetting(skip), cfg, progress=p, notice=p.notice),
         outcome(state.DRIFT_LENGTH, "Drift vs length"),
         context=len_now)
 jobs.panel("drift_length")

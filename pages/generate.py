@@ -5,19 +5,22 @@ import streamlit as st
 import torch
 
 from dashboard.panels import generate_result, generate_speed, kv_repair, widgets
-from dashboard.panels.generate_stream import readable_text, stream_variant
-from pop_analysis.data.example_prompts import EXAMPLES, SHORT as DEFAULT_PROMPT
+from dashboard.panels.generate_text import readable_text
 from dashboard.session import state
 from dashboard.session.resources import warmed_up
+from pop_analysis.data.example_prompts import EXAMPLES
+from pop_analysis.data.example_prompts import SHORT as DEFAULT_PROMPT
 from pop_analysis.engine.generate import SamplingConfig, encode
-from pop_analysis.engine.skipset import Preset, SkipSetError, describe, preset, validate
+from pop_analysis.engine.skipset import Preset, describe, preset
 from pop_analysis.errors import first_line
+from pop_analysis.inspection.side_by_side import run_variant
 from pop_vllm.healing import HEALABLE, POLICIES
 from pop_vllm.healing import make as make_heal
+from pop_vllm.run_setting import RunSetting, SettingError
 from pop_vllm.variants import Variant
 
 V, P = Variant, Preset  # the shallow and interleaved rows are POP on the preset's skip set
-VARIANTS = {V.POP: "POP (independent KV + boundary)", V.POP_NO_KV: "ablation: without independent KV",
+LABELS = {V.POP: "POP (independent KV + boundary)", V.POP_NO_KV: "ablation: without independent KV",
             V.POP_NO_BOUNDARY: "ablation: without boundary handling",
             V.STATIC: "static: layers removed in prefill and decode", P.SHALLOW: "ablation: shallow block",
             P.INTERLEAVED: "ablation: interleaved layers", V.POP_REPAIR: kv_repair.LABEL}
@@ -40,8 +43,8 @@ st.selectbox("Example", list(EXAMPLES), key="gen.example", on_change=use_example
 prompt = st.text_area("Prompt", key=state.kept("gen.prompt", DEFAULT_PROMPT), height=140,
                       placeholder="Type a prompt or pick an example")
 c = st.columns([2, 1, 1, 1])
-offered = [v for v in VARIANTS if v != "pop_repair" or kv_repair.stored_key(lm, skip)]
-variant = c[0].selectbox("Compare the full model with", offered, format_func=VARIANTS.get,
+offered = [v for v in LABELS if v != "pop_repair" or kv_repair.stored_key(lm, skip)]
+variant = c[0].selectbox("Compare the full model with", offered, format_func=LABELS.get,
                          key=state.kept("gen.variant", "pop", offered),
                          help="pop_repair appears once a K/V repair is stored for this skip set "
                               "(Skip set page)")
@@ -79,7 +82,7 @@ clicked = st.button("Generate", type="primary", key="gen.go", disabled=not promp
 
 left, right = st.columns(2)
 left.markdown("**Full model**")
-right.markdown(f"**{VARIANTS[variant]}**")
+right.markdown(f"**{LABELS[variant]}**")
 out = {"full": left.container(key="gen-out-full").empty(),
        "other": right.container(key="gen-out-pop").empty()}
 
@@ -92,26 +95,27 @@ def live(where):
 if clicked:
     try:
         ids = encode(lm, prompt or "", raw=raw)
-        validate(run_skip, n)
         heal = make_heal(heal_policy, int(chunk),
                          budget_positions=int(budget) if heal_policy == "budget" else None)
         engine = "pop" if variant in ("shallow", "interleaved") else variant
+        setting = RunSetting(run_skip, engine, heal=heal).check(n)
         with widgets.run_lock():
             warmed_up(*state.model_spec().key)
             if engine == "pop_repair":
                 kv_repair.use_stored(lm, run_skip)  # the newest stored maps for this skip set
-            full = stream_variant(lm, ids, "full", (), cfg, live(out["full"]))
-            other = stream_variant(lm, ids, engine, run_skip, cfg, live(out["other"]), heal)
-        measured = generate_speed.measure(lm, state.model_spec().key, ids, engine, run_skip)
+            full = run_variant(lm, ids, RunSetting.full(), cfg, live(out["full"]))
+            other = run_variant(lm, ids, setting, cfg, live(out["other"]))
+        measured = generate_speed.measure(lm, state.model_spec().key, ids, setting)
         state.keep_result(state.GENERATION, {
-            "model": lm.name, "prompt_tokens": len(ids), "full": full, "other": other, "label": VARIANTS[variant],
-            "short": SHORT[variant], "prompt_ids": ids, "engine": engine, "speed": measured,
+            "model": lm.name, "prompt_tokens": len(ids), "full": full, "other": other,
+            "label": LABELS[variant], "short": SHORT[variant], "prompt_ids": ids, "engine": engine,
+            "speed": measured,
             "full_text": readable_text(lm.tokenizer, full["token_ids"]) if lm.tokenizer else "",
             "other_text": readable_text(lm.tokenizer, other["token_ids"]) if lm.tokenizer else ""},
             now)
     except torch.OutOfMemoryError:
         st.error("Out of memory: try fewer new tokens, a shorter prompt or a smaller model.")
-    except (ValueError, SkipSetError, RuntimeError) as e:
+    except (ValueError, SettingError, RuntimeError) as e:
         st.error(f"Generation failed: {first_line(e)}")
 
 res = st.session_state.get(state.GENERATION)

@@ -9,6 +9,7 @@ from dashboard.session import jobs, state
 from pop_analysis.engine.skipset import describe
 from pop_analysis.serving import venv
 from pop_analysis.serving.loadgen import LoadSpec
+from pop_vllm.run_setting import RunSetting
 
 st.title("Serve: POP in vLLM")
 st.markdown("A local vLLM engine (OpenAI-compatible, on 127.0.0.1 only) serves the current model "
@@ -57,15 +58,13 @@ with st.container(border=True):
     if c[1].button("Start" if s is None else "Restart", type="primary", key="serve.start",
                    disabled=starting):
         try:
-            serve_engines.start_engines(model, skip, variant, lm, eager=not compiled)
+            serve_engines.start_engines(model, RunSetting(skip, variant), lm, eager=not compiled)
         except (venv.ServingError, ValueError) as e:  # a model it cannot serve; RepairError too
             st.error(f"The engine did not start: {e}")
     c[2].button("Stop", key="serve.stop", on_click=serve_engines.stop, disabled=s is None)
     jobs.panel("serve_start")
     s = serve_engines.current()
     if s is not None:
-        stale = (s.spec.variant != variant or s.spec.eager == compiled
-                 or (s.spec.pop and tuple(s.spec.skip) != tuple(skip)))
         for name, info in s.engines_info().items():
             st.markdown(f"**{name}** engine ({info['serves']}, "
                         f"{'eager' if s.spec.eager else 'compiled'}) at `{info['url']}` · ready in "
@@ -74,12 +73,11 @@ with st.container(border=True):
         with st.expander("The exact vLLM commands"):
             for name, info in s.engines_info().items():
                 st.code(info["command"], language="bash")
+        stale = serve_engines.stale_note(s, RunSetting(skip, variant), compiled)
         if stale:
-            st.warning("Stale: the engines serve another skip set, variant or mode "
-                       f"({describe(s.spec.skip)}, {s.spec.variant}, "
-                       f"{'eager' if s.spec.eager else 'compiled'}); press **Restart**.")
+            st.warning(stale)
 
-serve_topology.section(model, skip, variant)
+serve_topology.section(model, RunSetting(skip, variant))
 if s is None:
     st.info("Start the engines to generate through them and load test them.")
     st.stop()
@@ -119,7 +117,7 @@ with st.container(border=True):
                          key=state.kept("serve.concurrency", 0))
     now = {"requests": int(n_req), "prompt tokens": int(n_in), "output tokens": int(n_out),
            "rates": sorted(rates), "rounds": int(rounds), "cap": int(cap),
-           "skip set": describe(s.spec.skip), "variant": s.spec.variant}
+           "skip set": describe(s.spec.setting.skip), "variant": str(s.spec.setting.variant)}
     if st.button("Run the load test", type="primary", key="serve.bench",
                  disabled=not rates or jobs.running("serve_bench") or widgets.refused()):
         try:

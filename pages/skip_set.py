@@ -9,9 +9,10 @@ from dashboard.charts import layers as layer_charts
 from dashboard.panels import (exports, kv_repair, precision_controls, presenter, skip_set_budget,
                               widgets)
 from dashboard.session import state
-from pop_analysis.engine.skipset import SkipSetError, describe, last_block, preset
+from pop_analysis.engine.skipset import describe, last_block, preset
 from pop_analysis.importance.calibrate import suggest_skip
 from pop_analysis.speed.flops import ideal_speedup, prefill_flop_share
+from pop_vllm.run_setting import RunSetting, SettingError
 
 STRIP_V = "lab.strip_version"  # bumped after each strip pick: a fresh chart holds no selection
 
@@ -30,7 +31,7 @@ def apply(layers, label: str) -> None:
     try:
         state.set_skip(layers, n)
         state.flash("success", f"Skip set: {label} → layers {describe(state.skip_for(n))}")
-    except SkipSetError as e:
+    except SettingError as e:
         state.flash("error", f"Skip set unchanged: {e}")
 
 
@@ -109,9 +110,10 @@ st.pills("Toggle layers", options=list(range(n)), selection_mode="multi", key="s
 st.subheader("What it buys")
 c = st.columns(4)
 c[0].metric("Layers skipped", f"{len(skip)} / {n}", describe(skip), delta_color="off")
+pop = RunSetting(skip)
 for col, length in zip(c[1:3], (128, 2048)):
-    col.metric(f"Ideal prefill speedup @ {length} tok", f"{ideal_speedup(shape, length, skip):.2f}×")
-c[3].metric("Prefill FLOPs still spent @ 512 tok", f"{prefill_flop_share(shape, 512, skip):.1%}")
+    col.metric(f"Ideal prefill speedup @ {length} tok", f"{ideal_speedup(shape, length, pop):.2f}×")
+c[3].metric("Prefill FLOPs still spent @ 512 tok", f"{prefill_flop_share(shape, 512, pop):.1%}")
 st.caption("Ideal = full prefill FLOPs / POP prefill FLOPs (matmuls only; the boundary token x_N "
            "runs all layers). Measured speedups on the Generate and Sweeps pages reach 75-95% of "
            "it in the paper.")

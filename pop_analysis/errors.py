@@ -1,11 +1,10 @@
 """Error text for people: every failure reaches a user as one readable line."""
 from __future__ import annotations
 
-from pop_vllm.ranges import shown  # noqa: F401 - one definition, shared with the plugin
-
-
-class InputError(ValueError):
-    """Input the project refuses (a flag, a file, a stored record); the message is one line."""
+# Input the project refuses, and how it is quoted: defined beside the run setting and the range
+# reader so both sides raise and word refusals the same way.
+from pop_vllm.errors import InputError  # noqa: F401
+from pop_vllm.ranges import shown  # noqa: F401
 
 
 def first_line(e: BaseException) -> str:

@@ -10,6 +10,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+# Property tests check behaviour, not speed: no per-example deadline (hypothesis' default 200 ms
+# fails an example that a busy machine merely delayed).
+hypothesis_settings.register_profile("pop-lab", deadline=None)
+hypothesis_settings.load_profile("pop-lab")
 
 TESTS = Path(__file__).resolve().parent
 SHARED_DATA = TESTS.parent.parent / "shared" / "data"

@@ -3,6 +3,7 @@ models) and the embedded tier (SmolLM2-135M, Gemma-3-270M)."""
 from pop_analysis.inspection.stepthrough import frames
 from pop_analysis.speed.flops import full_prefill_flops, pop_prefill_flops
 from pop_analysis.store.records import check
+from pop_vllm.run_setting import RunSetting
 
 
 def assert_grid_equals_counts(rec) -> None:
@@ -52,7 +53,7 @@ def assert_flops_and_frames(rec, shape, skip) -> None:
     by = {(s["run"], s["stage"]): s for s in rec.steps}
     assert abs(by[("full", "prefill")]["flops"] / full_prefill_flops(shape, n) - 1) < 1e-9
     pop = by[("pop", "prefill")]["flops"] + by[("pop", "boundary")]["flops"]
-    assert abs(pop / pop_prefill_flops(shape, n, skip) - 1) < 1e-9
+    assert abs(pop / pop_prefill_flops(shape, n, RunSetting(skip)) - 1) < 1e-9
     titles = [f["title"] for f in frames(rec.steps)]
     assert titles[0].startswith("Full model: prefill") and titles[2].startswith("POP: boundary")
     assert len(titles) == 3 + rec.config["decode_steps"]

@@ -11,6 +11,7 @@ from pop_analysis.engine.generate import encode
 from pop_analysis.errors import first_line
 from pop_analysis.inspection.heal_drift import healing_drift
 from pop_vllm.healing import make
+from pop_vllm.run_setting import RunSetting
 
 KEY = "lab.heal_drift"
 
@@ -30,7 +31,8 @@ def section(lm, skip, prompt: str, raw: bool, figures: dict) -> None:
             ids = encode(lm, prompt, raw=raw)
             heal = make("budget", int(chunk), budget_positions=int(budget))
             with widgets.run_lock():
-                st.session_state[KEY] = healing_drift(lm, ids, skip, heal, int(steps)).__dict__
+                setting = RunSetting(skip, heal=heal)
+                st.session_state[KEY] = healing_drift(lm, ids, setting, int(steps)).__dict__
         except ValueError as e:
             st.error(f"Healing drift failed: {first_line(e)}")
     res = st.session_state.get(KEY)

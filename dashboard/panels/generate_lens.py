@@ -5,10 +5,11 @@ import streamlit as st
 
 from dashboard.charts import generate as lens_charts
 from dashboard.panels import presenter, widgets
-from dashboard.panels.generate_stream import token_pieces
+from dashboard.panels.generate_text import token_pieces
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.errors import first_line
 from pop_analysis.inspection import lens
+from pop_vllm.run_setting import RunSetting
 
 
 def explain(lm: LoadedModel, res: dict, name: str, first: int | None, figures: dict) -> None:
@@ -21,9 +22,10 @@ def explain(lm: LoadedModel, res: dict, name: str, first: int | None, figures: d
     if "lens" not in res and st.button("Explain with the logit lens", key="gen.lens"):
         try:
             with widgets.run_lock(), st.spinner("Reading every layer through the lens ..."):
-                res["lens"] = {"full": lens.trace(lm, res["prompt_ids"], full["token_ids"], "full"),
+                setting = RunSetting(other["skip"], res["engine"])
+                res["lens"] = {"full": lens.trace(lm, res["prompt_ids"], full["token_ids"]),
                                "other": lens.trace(lm, res["prompt_ids"], other["token_ids"],
-                                                   res["engine"], other["skip"])}
+                                                   setting)}
         except (ValueError, RuntimeError) as e:
             st.error(f"The lens failed: {first_line(e)}")
     if "lens" in res:

@@ -7,10 +7,12 @@ import streamlit as st
 from dashboard.charts import generate as generate_charts
 from dashboard.charts import layers as layer_charts
 from dashboard.panels import exports, generate_lens, generate_speed, presenter, widgets
-from dashboard.panels.generate_stream import agreement, heal_line, output_html, repeats, token_pieces
+from dashboard.panels.generate_text import heal_line, output_html, repeats, token_pieces
 from dashboard.session import classmode, state
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.errors import first_line
+from pop_analysis.quality.metrics import agreement
+from pop_vllm.run_setting import RunSetting
 
 # What the paper reports at 8B (POP_METHOD.md §7): accuracy within a few points of the full model.
 PAPER_NOTE = ("The paper reports POP within 1-3 accuracy points of the full model on 8B-12B "
@@ -23,7 +25,8 @@ def show(lm: LoadedModel, res: dict, now: dict, out: dict) -> None:
         st.info(f"The last generation was made with {res['model']}; load it to see it again.")
         return
     full, other, name = res["full"], res["other"], res.get("short", "variant")
-    share, first = agreement(full["token_ids"], other["token_ids"])
+    ag = agreement(full["token_ids"], other["token_ids"])
+    share, first = ag.match_rate, ag.first_divergence
     out["full"].markdown(output_html(lm.tokenizer, full["token_ids"], first), unsafe_allow_html=True)
     out["other"].markdown(output_html(lm.tokenizer, other["token_ids"], first), unsafe_allow_html=True)
     widgets.made_from(state.GENERATION, now, "Generate")
@@ -32,8 +35,9 @@ def show(lm: LoadedModel, res: dict, now: dict, out: dict) -> None:
         if st.button("Re-measure speed", key="gen.remeasure",
                      help="Run the timing protocol again on the same prompt"):
             try:
+                setting = RunSetting(other["skip"], res["engine"])
                 res["speed"] = generate_speed.measure(lm, state.model_spec().key, res["prompt_ids"],
-                                                      res["engine"], other["skip"])
+                                                      setting)
             except (ValueError, RuntimeError) as e:
                 st.error(f"Re-measuring failed: {first_line(e)}")
         generate_speed.show(res["speed"], name=name)

@@ -15,12 +15,13 @@ from dashboard.session.resources import model_lock
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.speed.bench import PrefillSpeed, time_prefill
 from pop_analysis.speed.timing import TimingConfig
+from pop_vllm.run_setting import RunSetting
 
 # At least 3 rounds, more while 2 s last; no warm-up (the stream just ran both paths).
 PAGE_TIMING = TimingConfig(min_rounds=3, budget_s=2.0, warmup=0)
 
 
-def measure(lm: LoadedModel, spec_key: tuple, prompt_ids: list[int], variant: str, skip,
+def measure(lm: LoadedModel, spec_key: tuple, prompt_ids: list[int], setting: RunSetting,
             where=None) -> PrefillSpeed:
     """The protocol on `prompt_ids`, with a progress note in `where` (removed when done)."""
     lock = model_lock(*spec_key)
@@ -33,7 +34,7 @@ def measure(lm: LoadedModel, spec_key: tuple, prompt_ids: list[int], variant: st
     note.progress(0.0, text=f"{label} ...")
     ids = torch.tensor([prompt_ids], device=lm.device)  # (1, N)
     try:
-        return time_prefill(lm, ids, variant, skip, PAGE_TIMING, lock=lock.hold,
+        return time_prefill(lm, ids, setting, PAGE_TIMING, lock=lock.hold,
                             on_round=on_round)
     finally:
         note.empty()

@@ -9,10 +9,11 @@ import streamlit as st
 from dashboard.charts import methods as charts
 from dashboard.panels import exports
 from dashboard.session import state
-from pop_analysis.engine.skipset import SkipSetError, describe
+from pop_analysis.engine.skipset import describe
 from pop_analysis.importance.methods import METHODS, method_of, primary
 from pop_analysis.importance.picks import SHAPES, BudgetError, pick
 from pop_analysis.speed.flops import ideal_speedup
+from pop_vllm.run_setting import RunSetting, SettingError
 
 if TYPE_CHECKING:
     from pop_analysis.engine.models import LoadedModel
@@ -78,7 +79,7 @@ def use_ranking(lm: LoadedModel, res, names) -> None:
     c[3].button("Use this set", key="imp.use.go", disabled=res.n_layers != n,
                 on_click=_use, args=(layers, n, f"{names[method]}, k = {k}, {shape}"))
     st.caption(f"{names[method]} picks layers {describe(layers)}: ideal prefill speedup "
-               f"{ideal_speedup(lm.adapter.shape, 512, layers):.2f}× at 512 tokens.")
+               f"{ideal_speedup(lm.adapter.shape, 512, RunSetting(layers)):.2f}× at 512 tokens.")
     state.show_flash()
 
 
@@ -86,7 +87,7 @@ def _use(layers, n: int, label: str) -> None:
     try:
         state.set_skip(layers, n)
         state.flash("success", f"Skip set: {label} → layers {describe(layers)} (every page)")
-    except SkipSetError as e:
+    except SettingError as e:
         state.flash("error", f"Skip set unchanged: {e}")
 
 

@@ -11,11 +11,13 @@ import streamlit as st
 from dashboard.panels import kv_repair
 from dashboard.session import jobs, state
 from pop_analysis.engine.models import LoadedModel
+from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
 from pop_analysis.progress import Tracker, duration
 from pop_analysis.serving import venv
 from pop_analysis.serving.session import Serving
-from pop_analysis.serving.spec import make_spec
+from pop_analysis.serving.spec import spec_for
+from pop_vllm.run_setting import RunSetting
 from pop_vllm.variants import Variant
 
 SERVING = "lab.serving"  # the running Serving of this session (or absent)
@@ -85,27 +87,39 @@ def variants(lm: LoadedModel, skip) -> tuple[str, ...]:
     return ("pop", "pop_repair", "full") if kv_repair.stored_key(lm, skip) else ("pop", "full")
 
 
-def start_engines(model: str, skip, variant: str, lm: LoadedModel | None = None,
+def start_engines(model: str, setting: RunSetting, lm: LoadedModel | None = None,
                   eager: bool = True) -> None:
-    """Start the engines; pop_repair serves the newest stored repair for `skip` (needs `lm`);
-    eager=False lets vLLM compile (the plugin compiles POP's block too: docs/serving.md)."""
+    """Start the engines; pop_repair serves the newest stored repair that fits `lm` and the
+    skip set (its maps file from the repair store); eager=False lets vLLM compile (the plugin
+    compiles POP's block too: docs/serving.md)."""
     stop()
-    make_spec(model, tuple(skip), "pop" if variant == "pop_repair" else variant)  # fails here
+    repairing = setting.variant == Variant.POP_REPAIR
+    spec_for(model, setting.replace(variant=Variant.POP) if repairing else setting)  # fails here
 
     def run(monitor):
-        repair = None
-        if variant == "pop_repair":  # under the model's run lock: checking it attaches maps
-            from pop_analysis.repair.store import maps_path
+        served = setting
+        if repairing:
+            from pop_analysis.repair.store import maps_file
 
-            key = kv_repair.stored_key(lm, skip)
+            key = kv_repair.stored_key(lm, setting.skip)
             if key is None:
                 raise ValueError("no stored repair fits this skip set (fit one on the Skip set page)")
-            repair = maps_path(lm, skip, key)
-        spec = make_spec(model, tuple(skip), variant, repair=repair, eager=eager)
-        return Serving(spec, progress=steps(monitor)), False
+            served = setting.replace(repair=maps_file(key))
+        return Serving(spec_for(model, served, eager=eager), progress=steps(monitor)), False
 
     jobs.start("serve_start", "Starting vLLM", run, started(SERVING, "engine", "Engines"),
-               context={"model": model, "variant": variant, "eager": eager})
+               context={"model": model, "variant": str(setting.variant), "eager": eager})
+
+
+def stale_note(s: Serving, setting: RunSetting, compiled: bool) -> str | None:
+    """Why the running engines no longer match the page's setting and mode (None: they do)."""
+    served = s.spec.setting
+    if (served.variant == setting.variant and s.spec.eager != compiled
+            and (not s.spec.pop or served.skip == setting.skip)):
+        return None
+    return ("Stale: the engines serve another skip set, variant or mode "
+            f"({describe(served.skip)}, {served.variant}, "
+            f"{'eager' if s.spec.eager else 'compiled'}); press **Restart**.")
 
 
 def started(key: str, what: str, ready: str):

@@ -17,7 +17,8 @@ from dashboard.panels import serve_engines
 from dashboard.session import jobs, state
 from pop_analysis.errors import first_line
 from pop_analysis.serving import disagg
-from pop_analysis.serving.spec import make_spec
+from pop_analysis.serving.spec import spec_for
+from pop_vllm.run_setting import RunSetting
 
 TOPOLOGY = "lab.serve_topology"  # the running Disaggregated of this session (or absent)
 TOPO_GENERATED = "lab.serve_topology_generated"
@@ -36,11 +37,11 @@ def stop() -> None:
         t.stop()
 
 
-def start(model: str, skip, variant: str, decode: str) -> None:
+def start(model: str, setting: RunSetting, decode: str) -> None:
     """Stop the single engines (memory: three engines at once), then start the topology."""
     serve_engines.stop()
     stop()
-    spec = make_spec(model, tuple(skip), variant)  # a bad skip set fails here, not in the job
+    spec = spec_for(model, setting)  # a bad skip set fails here, not in the job
     topology = disagg.plan(spec, decode)
 
     def run(monitor):
@@ -48,7 +49,7 @@ def start(model: str, skip, variant: str, decode: str) -> None:
 
     jobs.start("serve_topology", "Starting prefill, decode and proxy", run,
                serve_engines.started(TOPOLOGY, "topology", "Prefill, decode and proxy"),
-               context={"model": model, "variant": variant, "decode": decode})
+               context={"model": model, "variant": str(setting.variant), "decode": decode})
 
 
 def generate(t: disagg.Disaggregated, prompt: str, max_tokens: int) -> None:
@@ -76,7 +77,8 @@ def dead_cause(t: disagg.Disaggregated) -> str | None:
         return first_line(e)
 
 
-def section(model: str, skip, variant: str) -> None:
+def section(model: str, setting: RunSetting) -> None:
+    """The topology's controls and state; its prefill serves `setting` (POP for an A/A choice)."""
     with st.container(border=True):
         st.subheader("Disaggregated: prefill pool, decode pool, proxy")
         st.caption("A POP prefill instance and a decode instance, each pinned to its own cores, "
@@ -95,7 +97,8 @@ def section(model: str, skip, variant: str) -> None:
         label = "Start topology" if t is None else "Restart topology"
         if c[1].button(label, key="serve.topo_start", disabled=jobs.running("serve_topology")):
             try:
-                start(model, skip, "pop" if variant == "full" else variant, decode)
+                start(model, setting if setting.active else setting.replace(variant="pop"),
+                      decode)
             except (disagg.ServingError, ValueError) as e:
                 st.error(f"The topology did not start: {e}")
         c[2].button("Stop topology", key="serve.topo_stop", on_click=stop, disabled=t is None)

@@ -15,8 +15,8 @@ from dashboard.session.resources import (
     load_log,
     loading,
     locked,
-    started,
     memory_in_use,
+    started,
     unload_models,
 )
 from pop_analysis.data.allowed_paths import check_model
@@ -232,12 +232,12 @@ SKIP_ERROR = "lab.skip_error"  # the sidebar box's last rejected input, shown un
 
 def _on_skip_box(n: int) -> None:
     from dashboard.session.links import parse_skip
-    from pop_analysis.engine.skipset import SkipSetError
+    from pop_vllm.run_setting import SettingError
 
     try:
         state.set_skip(parse_skip(st.session_state[SKIP_BOX]), n)
         st.session_state.pop(SKIP_ERROR, None)
-    except SkipSetError as e:
+    except SettingError as e:
         st.session_state[SKIP_ERROR] = str(e)
 
 
@@ -247,6 +247,7 @@ def skip_badge(lm: LoadedModel, where=None) -> None:
     from dashboard.session.links import skip_text
     from pop_analysis.engine.skipset import describe
     from pop_analysis.speed.flops import ideal_speedup
+    from pop_vllm.run_setting import RunSetting
 
     where = where or st.sidebar
     n = lm.adapter.n_layers
@@ -255,7 +256,7 @@ def skip_badge(lm: LoadedModel, where=None) -> None:
 
     skip = state.skip_for(n)
     int8 = int8_for(n, skip)
-    ideal = ideal_speedup(lm.adapter.shape, 512, skip)
+    ideal = ideal_speedup(lm.adapter.shape, 512, RunSetting(skip))
     colour = {**{i: precision_controls.INT8_COLOUR for i in int8}, **{i: "#f3b37a" for i in skip}}
     cells = "".join(
         f'<span title="layer {i}" style="display:inline-block;width:{max(2, 180 // n)}px;height:12px;'

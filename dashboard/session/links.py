@@ -13,7 +13,8 @@ import streamlit as st
 from dashboard.session import precision_state, state
 from pop_analysis.data.allowed_paths import PathNotAllowed, check_model
 from pop_analysis.engine.embedded import REGISTRY
-from pop_analysis.engine.skipset import SkipSetError, describe, parse_layers
+from pop_analysis.engine.skipset import describe, parse_layers
+from pop_vllm.run_setting import SettingError
 
 # the sidebar form's radio labels: one per embedded model (by registry name), hub, local
 SOURCE_KEYS = {**{name: f"Embedded ({e.short}, offline)" for name, e in REGISTRY.items()},
@@ -61,12 +62,12 @@ def apply_link() -> None:
         try:
             st.session_state[state.SKIP] = parse_skip(q["skip"])
             st.session_state[state.SKIP_LAYERS_OF] = None  # checked once the model is known
-        except SkipSetError as e:
+        except SettingError as e:
             state.refuse_link_skip(q["skip"], str(e))
     if "int8" in q:
         try:
             precision_state.from_link(parse_skip(q["int8"]))
-        except SkipSetError as e:
+        except SettingError as e:
             state.flash("warning", f"The link's int8 layers are not readable ({e}); none run in "
                                    "int8.")
 

@@ -177,9 +177,10 @@ def warmed_up(name: str, device: str | None, dtype: str | None) -> bool:
     import torch
 
     from pop_analysis.engine.pop import run_prompt
+    from pop_vllm.run_setting import RunSetting
 
     lm = shared_model(name, device, dtype)
     ids = torch.arange(1, 9, device=lm.device).unsqueeze(0)  # (1, 8)
-    run_prompt(lm.adapter, ids, "full")
-    run_prompt(lm.adapter, ids, "pop", (lm.adapter.n_layers - 1,))
+    run_prompt(lm.adapter, ids, RunSetting.full())
+    run_prompt(lm.adapter, ids, RunSetting((lm.adapter.n_layers - 1,)))
     return True

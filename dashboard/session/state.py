@@ -78,14 +78,15 @@ def skip_for(n_layers: int) -> tuple[int, ...]:
     """The shared skip set; made (the paper's last third) for a model whose layer count it lacks.
     A set that came from a link is checked against the model here (an impossible one is replaced
     by the paper's and the reason flashed)."""
-    from pop_analysis.engine.skipset import SkipSetError, describe, preset, validate
+    from pop_analysis.engine.skipset import describe, preset
+    from pop_vllm.run_setting import RunSetting, SettingError
 
     made_for = st.session_state.get(SKIP_LAYERS_OF)
     if SKIP in st.session_state and made_for is None:  # from a link: check it now
         try:
-            st.session_state[SKIP] = validate(st.session_state[SKIP], n_layers)
+            st.session_state[SKIP] = RunSetting(st.session_state[SKIP]).check(n_layers).skip
             st.session_state[SKIP_LAYERS_OF] = made_for = n_layers
-        except SkipSetError as e:
+        except SettingError as e:
             refuse_link_skip(describe(st.session_state[SKIP]), str(e))
     if made_for != n_layers or SKIP not in st.session_state:
         st.session_state[SKIP] = preset("paper", n_layers)
@@ -94,10 +95,10 @@ def skip_for(n_layers: int) -> tuple[int, ...]:
 
 
 def set_skip(layers, n_layers: int) -> tuple[int, ...]:
-    """Validate and share a new skip set; raises SkipSetError for an impossible one."""
-    from pop_analysis.engine.skipset import validate
+    """Validate and share a new skip set; raises SettingError for an impossible one."""
+    from pop_vllm.run_setting import RunSetting
 
-    out = validate(layers, n_layers)
+    out = RunSetting(layers).check(n_layers).skip
     st.session_state.pop(LINK_SKIP_ERROR, None)  # the user chose: the link's refusal is over
     st.session_state[SKIP] = out
     st.session_state[SKIP_LAYERS_OF] = n_layers

@@ -12,6 +12,7 @@ from pop_analysis.engine.models import DEFAULT_MODEL, load_model
 from pop_analysis.engine.skipset import MAX_LAYERS, resolve
 from pop_analysis.errors import InputError, shown
 from pop_vllm.ranges import RangeError, parse_ranges
+from pop_vllm.run_setting import RunSetting
 
 # Upper bounds of the numeric options: far beyond any honest run, short of runs that never end.
 MAX_TOKENS = 1 << 24  # tokens in a prompt or an answer: beyond any model's context (16.7M)
@@ -209,6 +210,11 @@ def skip_from_args(args, n_layers: int) -> tuple[int, ...]:
     if args.skip is None and ratio is None and args.preset is None:
         ratio = args.default_ratio
     return resolve(n_layers, layers=args.skip, ratio=ratio, preset_name=args.preset)
+
+
+def setting_from_args(args, n_layers: int, variant: str = "pop") -> RunSetting:
+    """The run setting of --skip / --skip-ratio / --preset and `variant`, checked once."""
+    return RunSetting(skip_from_args(args, n_layers), variant).check(n_layers)
 
 
 def emit_json(obj) -> None:

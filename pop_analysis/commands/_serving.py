@@ -14,14 +14,16 @@ from pop_analysis.commands._common import (
 from pop_analysis.commands._repair import add_repair_arg
 from pop_analysis.engine.models import DEFAULT_MODEL
 from pop_analysis.serving.server import START_TIMEOUT_S
-from pop_analysis.serving.spec import VARIANTS, make_spec, model_dir, n_layers
+from pop_analysis.serving.spec import model_dir, n_layers, spec_for
+from pop_vllm.run_setting import RunSetting
+from pop_vllm.variants import SERVED
 
 
 def add_engine_args(p, variant_default: str = "pop") -> None:
     """The model and engine flags every serving command shares."""
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"registry name or local model directory (default {DEFAULT_MODEL})")
-    p.add_argument("--variant", default=variant_default, choices=VARIANTS,
+    p.add_argument("--variant", default=variant_default, choices=SERVED,
                    help=f"what the engine serves (default {variant_default}; full = stock vLLM)")
     add_repair_arg(p)  # the maps of --variant pop_repair (its stored file goes to the engine)
     p.add_argument("--kv-cache-gib", type=Num(int, 1, 4096), default=1,
@@ -48,13 +50,13 @@ def spec_from_args(args, variant: str | None = None, port: int = 0):
     if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:
         raise ValueError("--tensor-parallel-size and --pipeline-parallel-size must be >= 1")
     variant = variant or args.variant
-    repair = None
+    setting = RunSetting(skip, variant if variant != "pop_repair" else "pop")
     if variant == "pop_repair" or args.repair:
         if variant != "pop_repair":
             raise ValueError(f"--repair is for --variant pop_repair, not {variant}")
-        make_spec(args.model, skip, "pop")  # a bad skip set or model fails before loading it
-        repair = repair_file(args.model, skip, args.repair)
-    return make_spec(args.model, skip, variant, repair=repair, port=port,
+        spec_for(args.model, setting)  # a bad skip set or model fails before loading it
+        setting = RunSetting(skip, variant, repair_file(args.model, skip, args.repair))
+    return spec_for(args.model, setting, port=port,
                      kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
                      dtype=args.dtype, eager=not args.compiled,
                      tensor_parallel=args.tensor_parallel_size,
@@ -62,19 +64,21 @@ def spec_from_args(args, variant: str | None = None, port: int = 0):
 
 
 def repair_file(model: str, skip, spec: str | None) -> str:
-    """--repair KEY|auto -> the stored maps file the engine's pop_repair reads. The model is
-    loaded in POP Lab: the repair's model check (and a fit, for auto without one) needs it."""
+    """--repair KEY|auto -> the stored maps file the engine's pop_repair reads, from the repair
+    store and the checkpoint's K/V weights; the model is loaded only to fit one (auto, none
+    stored yet)."""
     from pop_analysis.engine.models import load_model
-    from pop_analysis.engine.pop import RepairError
     from pop_analysis.progress import terminal_bar
-    from pop_analysis.repair.store import entry_exists, maps_path
+    from pop_analysis.repair.store import ensure, maps_file, stored_maps_file
 
     if not spec:
         raise ValueError("the pop_repair variant needs --repair KEY or --repair auto")
-    if spec != "auto" and not entry_exists(spec):  # before the model loads
-        raise RepairError(f"no stored repair {spec!r:.40} (python -m pop_analysis repair list)")
+    directory = model_dir(model)
+    found = stored_maps_file(directory, n_layers(directory), skip, spec)
+    if found is not None:
+        return found
     quiet_hf()
-    return maps_path(load_model(model, device="cpu"), skip, spec, terminal_bar)
+    return maps_file(ensure(load_model(model, device="cpu"), skip, "auto", terminal_bar).key)
 
 
 def stderr_progress(what: str):

@@ -16,6 +16,7 @@ from pop_analysis.commands._common import (
 from pop_analysis.commands._repair import add_repair_arg, attach_repair
 from pop_analysis.speed.bench import bench
 from pop_analysis.speed.timing import MAX_BUDGET_S, MAX_ROUNDS, check_budget, check_rounds
+from pop_vllm.run_setting import RunSetting
 
 
 def add_arguments(p) -> None:
@@ -66,8 +67,9 @@ def repair_timing(lm, length: int, skip, args) -> dict:
 
     ids = random_prompt(lm, length)
     cfg = TimingConfig(min_rounds=args.repeats, budget_s=args.timing_budget)
-    t = time_prefill(lm, ids, "pop_repair", skip, cfg,
-                     full=lambda: first_token(lm, ids, "pop", skip)).timing
+    pop = RunSetting(skip)
+    t = time_prefill(lm, ids, pop.replace(variant="pop_repair"), cfg,
+                     full=lambda: first_token(lm, ids, pop)).timing
     return {"ttft_pop_ms": round(t.full_median_ms, 3), "ttft_ms": round(t.variant_median_ms, 3),
             "pop_over_repair": round(t.speedup, 4), **t.fields()}
 

@@ -23,6 +23,7 @@ from pop_analysis.inspection.drift import QUANTITIES, DriftConfig, average, cach
 from pop_analysis.inspection.drift_length import cached_drift_by_length, read_texts
 from pop_analysis.progress import terminal_bar
 from pop_analysis.store.schema import plain
+from pop_vllm.run_setting import RunSetting
 
 
 def add_arguments(p) -> None:
@@ -63,14 +64,15 @@ def run(args) -> int:
     for n, ids in enumerate(prompts, 1):
         for v in variants:
             bar = _labelled(f"prompt {n}/{len(texts)}")
-            results[v].append(cached_drift(lm, ids, skip, cfg, not args.no_cache, bar, v)[0])
+            setting = RunSetting(skip, v)
+            results[v].append(cached_drift(lm, ids, setting, cfg, not args.no_cache, bar)[0])
     result = average(results["pop"])
     repaired = average(results["pop_repair"]) if rep else None
     by_length = []
     if lengths:
         source = args.text_source or args.dataset
-        by_length, _ = cached_drift_by_length(lm, lengths, skip, cfg, source, not args.no_cache,
-                                              terminal_bar)
+        by_length, _ = cached_drift_by_length(lm, lengths, RunSetting(skip), cfg, source,
+                                              not args.no_cache, terminal_bar)
     if args.json:
         out = _payload(result, by_length)
         if repaired:

@@ -42,6 +42,7 @@ from pop_analysis.speed import example_timings
 from pop_analysis.store import examples as ex
 from pop_analysis.store import results as store
 from pop_analysis.store.paths import cache_dir
+from pop_vllm.run_setting import RunSetting
 
 PARTS = ex.KINDS
 CALIBRATION = {"data": "builtin", "samples": 64, "response_tokens": 32}
@@ -211,7 +212,8 @@ def _drift(lm) -> None:
     from pop_analysis.progress import terminal_bar
 
     ids = encode(lm, LONG, raw=_raw(lm))
-    cached_drift(lm, ids, _skip(lm), DriftConfig(), use_cache=False, progress=terminal_bar)
+    cached_drift(lm, ids, RunSetting(_skip(lm)), DriftConfig(), use_cache=False,
+                 progress=terminal_bar)
 
 
 def _sweep(lm) -> None:
@@ -231,7 +233,7 @@ def _generation(lm) -> None:
     ids = encode(lm, SHORT, raw=_raw(lm))
     settings = {"prompt": SHORT, "variant": "POP", "decoding": "greedy", "new tokens": 32,
                 "raw": _raw(lm)}
-    cached_generation(lm, SHORT, ids, "pop", _skip(lm), SamplingConfig(max_new_tokens=32),
+    cached_generation(lm, SHORT, ids, RunSetting(_skip(lm)), SamplingConfig(max_new_tokens=32),
                       "POP (independent KV + boundary)", "POP", settings, use_cache=False)
 
 

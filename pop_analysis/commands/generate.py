@@ -14,13 +14,13 @@ from pop_analysis.commands._common import (
     load,
     quiet_hf,
     seconds,
-    skip_from_args,
+    setting_from_args,
 )
 from pop_analysis.commands._heal import add_heal_args, heal_from_args
 from pop_analysis.commands._repair import add_repair_arg, attach_repair, need_repair
 from pop_analysis.engine.generate import SamplingConfig, encode
 from pop_analysis.engine.generate import run as run_generation
-from pop_analysis.engine.pop import VARIANTS, check_prompt
+from pop_analysis.engine.pop import check_prompt
 from pop_vllm.healing import NO_HEAL
 from pop_vllm.healing import check_variant as check_heal_variant
 from pop_analysis.speed.timing import (
@@ -30,6 +30,8 @@ from pop_analysis.speed.timing import (
     check_budget,
     check_rounds,
 )
+from pop_vllm.run_setting import RunSetting
+from pop_vllm.variants import VARIANTS
 
 TOKEN_ID = Num(int, 0, (1 << 31) - 1)  # checked against the vocabulary once the model loads
 
@@ -74,7 +76,10 @@ def run(args) -> int:
                          top_p=args.top_p, seed=args.seed)
     given = args.prompt_ids  # None: --prompt
     lm = load(args)
-    skip = skip_from_args(args, lm.adapter.n_layers)
+    base = setting_from_args(args, lm.adapter.n_layers)
+    # The full model's cache is exact already: its run never heals.
+    settings = {v: base.replace(variant=v, heal=NO_HEAL if v == "full" else heal) for v in variants}
+    skip = base.skip
     ids = given if given is not None else encode(lm, args.prompt, raw=args.raw)
     vocab = lm.adapter.shape.vocab
     if any(not 0 <= i < vocab for i in ids):
@@ -82,10 +87,11 @@ def run(args) -> int:
     check_prompt(lm.adapter, len(ids), cfg.max_new_tokens)  # before any model work
     rep = attach_repair(args, lm, skip, quiet=args.json)
     if not args.no_warmup:
-        warm_up(lm, ids, variants, skip)
-    runs = {v: run_variant(lm, ids, v, skip, cfg, args.json, heal) for v in variants}
+        warm_up(lm, ids, settings.values())
+    runs = {v: run_variant(lm, ids, s, cfg, args.json) for v, s in settings.items()}
     out = {"model": lm.name, "n_layers": lm.adapter.n_layers, "skip_layers": list(skip),
-           "prompt_tokens": len(ids), "heal": heal.as_dict(), "runs": runs, **speed_fields(lm, ids, skip, variants, timing),
+           "prompt_tokens": len(ids), "heal": heal.as_dict(), "runs": runs,
+           **speed_fields(lm, ids, settings, timing),
            "repair": rep.key if rep else None}
     if args.json:
         emit_json(out)
@@ -94,18 +100,19 @@ def run(args) -> int:
     return 0
 
 
-def speed_fields(lm, ids, skip, variants, timing) -> dict:
+def speed_fields(lm, ids, settings: dict[str, RunSetting], timing) -> dict:
     """TTFT speedup of pop over full through the timing protocol (the streamed runs above
     warmed both paths). Per-run ttft_ms values are single streamed runs, shown for reading."""
     from pop_analysis.speed.bench import time_prefill
     from pop_analysis.speed.flops import ideal_speedup
 
-    if not {"full", "pop"} <= set(variants):
+    pop = next(iter(settings.values())).replace(variant="pop")
+    if not {"full", "pop"} <= set(settings):
         return {"prefill_speedup": None,
-                "ideal_speedup": round(ideal_speedup(lm.adapter.shape, len(ids), skip), 4)}
+                "ideal_speedup": round(ideal_speedup(lm.adapter.shape, len(ids), pop), 4)}
     import torch
 
-    p = time_prefill(lm, torch.tensor([ids], device=lm.device), "pop", skip, timing)  # (1, N)
+    p = time_prefill(lm, torch.tensor([ids], device=lm.device), pop, timing)  # (1, N)
     t = p.timing
     return {"prefill_speedup": round(p.speedup, 4), "ideal_speedup": round(p.ideal_speedup, 4),
             **p.fields(), "timing": {"full_ms": [round(x, 3) for x in t.full_ms],
@@ -121,23 +128,22 @@ def speed_line(out: dict) -> str:
     return line if out["timing_trustworthy"] else f"{line}\nNOT TRUSTWORTHY: {out['timing_note']}"
 
 
-def warm_up(lm, ids, variants, skip) -> None:
-    """One untimed prompt pass per variant, so the first timed run pays no allocator warm-up."""
+def warm_up(lm, ids, settings) -> None:
+    """One untimed prompt pass per setting, so the first timed run pays no allocator warm-up."""
     import torch
 
     from pop_analysis.engine.pop import run_prompt
 
     prompt = torch.tensor([ids], device=lm.device)  # (1, N)
-    for v in variants:
-        run_prompt(lm.adapter, prompt, v, skip)
+    for s in settings:
+        run_prompt(lm.adapter, prompt, s)
 
 
-def run_variant(lm, ids, variant, skip, cfg, quiet: bool, heal=NO_HEAL) -> dict:
-    """One streamed generation; `heal` applies to the variants it heals (the full model's cache
-    is exact already, so its run never heals)."""
-    g = run_generation(lm, ids, variant, skip, cfg, heal=NO_HEAL if variant == "full" else heal)
+def run_variant(lm, ids, setting: RunSetting, cfg, quiet: bool) -> dict:
+    """One streamed generation of `setting` (its healing with it)."""
+    g = run_generation(lm, ids, setting, cfg)
     if not quiet:
-        print(f"--- {variant}: TTFT {g.ttft_s * 1e3:.1f} ms, "
+        print(f"--- {setting.variant}: TTFT {g.ttft_s * 1e3:.1f} ms, "
               f"decode {g.decode_tokens_per_s or 0:.1f} tok/s" + heal_words(g.heal))
         print(g.text if g.text is not None else g.token_ids)
     return {"text": g.text, "token_ids": g.token_ids, "ttft_ms": round(g.ttft_s * 1e3, 3),

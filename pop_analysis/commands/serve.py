@@ -30,11 +30,13 @@ def run(args) -> int:
     if args.disaggregated:
         return _disagg.run(args, spec)
     engine = Engine(spec)
-    what = "full model" if not spec.pop else f"{spec.variant}, skip {describe(spec.skip)}"
+    what = ("full model" if not spec.pop else
+            f"{spec.setting.variant}, skip {describe(spec.setting.skip)}")
     try:
         engine.start(progress=stderr_progress(f"starting vLLM ({what})"), timeout_s=args.start_timeout)
-        info = {"url": f"{engine.url}/v1", "model": spec.name, "variant": spec.variant,
-                "skip_layers": list(spec.skip), "repair": spec.repair,
+        info = {"url": f"{engine.url}/v1", "model": spec.name,
+                "variant": str(spec.setting.variant), "skip_layers": list(spec.setting.skip),
+                "repair": spec.setting.repair,
                 "command": engine.command_line,
                 "start_s": round(engine.start_s, 2), "rss_mib": round(engine.rss_bytes() / 2**20),
                 "log": str(engine.log_path)}

@@ -55,8 +55,9 @@ def run(args) -> int:
                       f"command: {info['command']}")
         rows = s.bench(specs, rounds=args.rounds, progress=_bar,
                        on_row=show)
-        out = {"model": pop.name, "variant": pop.variant, "skip_layers": list(pop.skip),
-               "repair": pop.repair, "engines": s.engines_info(), "rows": rows}
+        out = {"model": pop.name, "variant": str(pop.setting.variant),
+               "skip_layers": list(pop.setting.skip),
+               "repair": pop.setting.repair, "engines": s.engines_info(), "rows": rows}
     if args.json:
         emit_json(out)
     return 0

@@ -13,11 +13,10 @@ import torch
 
 from pop_analysis.engine.heal import heal_prompt
 from pop_analysis.engine.models import LoadedModel
-from pop_analysis.engine.pop import (PromptError, check_prompt, check_text, check_variant,
-                                     decode_drop, decode_step, run_prompt)
+from pop_analysis.engine.pop import PromptError, check_prompt, check_text, decode_step, run_prompt
 from pop_analysis.engine.precision import Precision, PrecisionError, decode_twins
 from pop_analysis.errors import InputError
-from pop_vllm.healing import NO_HEAL, Heal
+from pop_vllm.run_setting import RunSetting
 
 
 @dataclass(frozen=True)
@@ -172,19 +171,19 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter(-1, order, top.masked_fill(drop, 0.0))  # (B, V)
 
 
-def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=(),
-             cfg: SamplingConfig = SamplingConfig(), counts=None, heal: Heal = NO_HEAL,
+def generate(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting,
+             cfg: SamplingConfig = SamplingConfig(), counts=None,
              precision: Precision | None = None):
-    """Yield the new tokens of one variant one by one (a generator: the UI streams it).
+    """Yield the new tokens of one run setting one by one (a generator: the UI streams it).
 
     `counts` (from counters.count_calls) is told the stage: prefill, boundary, decode (and heal
     while a healing chunk runs). `heal` (pop_vllm.healing) heals the pruned prompt's cache
     between decode steps, after the first token; each Token then carries the healing so far.
     `precision`: layers whose prompt runs in int8 (engine/precision.py); decode stays fp32.
     """
-    check_variant(variant)
+    setting.check(lm.adapter.n_layers)
     int8 = precision is not None and precision.active
-    if int8 and heal.active:
+    if int8 and setting.heal.active:
         raise PrecisionError("healing re-runs the pruned layers in fp32 from the first skipped "
                              "one up; it does not take int8 prompt layers: choose one of them")
     check_prompt(lm.adapter, len(prompt_ids), cfg.max_new_tokens)
@@ -192,14 +191,14 @@ def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=
     device = adapter.device
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed) if cfg.temperature > 0 else None
     stop = eos_ids(lm) if cfg.stop_at_eos else set()
-    drop = decode_drop(variant, skip)
+    drop = setting.decode_drop
     ids = torch.tensor([prompt_ids], device=device)  # (1, N)
     synchronize(device)
     t0 = time.perf_counter()
     if int8:
-        first, healer = run_prompt(adapter, ids, variant, skip, counts, precision=precision), None
+        first, healer = run_prompt(adapter, ids, setting, counts, precision=precision), None
     else:
-        first, healer = heal_prompt(adapter, ids, variant, skip, heal, counts)
+        first, healer = heal_prompt(adapter, ids, setting, counts)
     twins = decode_twins(adapter, precision)  # {} unless uniform int8 (a baseline)
     if counts is not None:
         counts.stage = "decode"
@@ -221,13 +220,13 @@ def generate(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=
         nxt = pick(logits.cpu(), cfg, gen)
 
 
-def run(lm: LoadedModel, prompt_ids: list[int], variant: str = "pop", skip=(),
+def run(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting,
         cfg: SamplingConfig = SamplingConfig(), on_token=None, counts=None,
-        heal: Heal = NO_HEAL, precision: Precision | None = None) -> Generation:
+        precision: Precision | None = None) -> Generation:
     """Drain `generate` into a Generation; `on_token(Token)` sees each token as it arrives."""
-    out = Generation(variant=variant)
+    out = Generation(variant=setting.variant)
     last = 0.0
-    for tok in generate(lm, prompt_ids, variant, skip, cfg, counts, heal, precision):
+    for tok in generate(lm, prompt_ids, setting, cfg, counts, precision):
         out.heal = tok.heal
         if tok.index == 0:
             out.ttft_s = tok.elapsed_s

@@ -23,7 +23,8 @@ import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
 from pop_analysis.engine.pop import FirstStep, decode_step, padding, run_layers, run_prompt
-from pop_vllm.healing import NO_HEAL, Heal, check_variant
+from pop_vllm.healing import Heal
+from pop_vllm.run_setting import RunSetting
 
 PROBE = 8  # positions of the first chunk under a time budget, before a per-position cost is known
 
@@ -181,22 +182,17 @@ class Healer:
                                      for s in range(max(per_step, default=-1) + 1)]}
 
 
-def first_differing_layer(adapter: DecoderAdapter, variant: str, skip) -> int:
-    """f: the lowest layer whose rows POP computes differently (L when none does)."""
-    if variant == "full" or not skip:
-        return adapter.n_layers
-    return min(int(i) for i in skip)
-
-
 @torch.inference_mode()
-def heal_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop", skip=(),
-                heal: Heal = NO_HEAL, counts=None, attention_mask=None):
-    """`run_prompt` plus the healer that will make its cache exact: (FirstStep, Healer | None)."""
-    check_variant(heal, variant)
-    first = run_prompt(adapter, ids, variant, skip, counts, attention_mask, keep_trunk=heal.active)
+def heal_prompt(adapter: DecoderAdapter, ids: torch.Tensor, setting: RunSetting, counts=None,
+                attention_mask=None):
+    """`run_prompt` plus the healer that will make its cache exact by `setting.heal`:
+    (FirstStep, Healer | None). f, the lowest layer whose rows POP computes differently, is the
+    first skipped layer (L when none is)."""
+    heal = setting.heal
+    first = run_prompt(adapter, ids, setting, counts, attention_mask, keep_trunk=heal.active)
     if not heal.active:
         return first, None
-    return first, Healer(adapter, heal, first, first_differing_layer(adapter, variant, skip))
+    return first, Healer(adapter, heal, first, setting.first_skipped(adapter.n_layers))
 
 
 @torch.inference_mode()

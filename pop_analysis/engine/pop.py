@@ -1,7 +1,8 @@
 """POP inference: pruned prefill with independent KV, boundary handling, full decode.
 
 Prefill and decode are separate small functions with explicit positions; one cache object holds
-every layer's K/V for the whole run. Variants (for the paper's ablations):
+every layer's K/V for the whole run. A run's skip set and variant come as one checked value, a
+`RunSetting` (pop_vllm/run_setting.py). Variants (for the paper's ablations):
 
     full             every layer, every position (the unmodified model)
     pop              prefill x_1..x_{N-1}: skipped layers write independent K/V and pass h through;
@@ -22,9 +23,8 @@ from pop_analysis.engine.adapter import DecoderAdapter
 from pop_analysis.engine.precision import Precision, check as check_precision, twins as int8_twins
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
-from pop_vllm.variants import NO_BOUNDARY, PREFILL_SKIP_MODE, SkipMode, Variant
-
-VARIANTS = tuple(Variant)  # full, pop, pop_no_kv, pop_no_boundary, static, pop_repair
+from pop_vllm.run_setting import RunSetting
+from pop_vllm.variants import SkipMode, Variant
 
 
 class PromptError(InputError):
@@ -46,11 +46,6 @@ def repair_maps(adapter: DecoderAdapter, skip):
                           f"(registered: {have}); fit or load one (python -m pop_analysis "
                           "repair fit, or --repair auto)")
     return entry
-
-
-def check_variant(variant: str) -> None:
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 
 CHARS_PER_TOKEN = 16  # a text longer than this many characters per context token cannot fit
@@ -199,10 +194,10 @@ class FirstStep:
 
 
 @torch.inference_mode()
-def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
-               skip=(), counts=None, attention_mask: torch.Tensor | None = None,
-               keep_trunk: bool = False, precision: Precision | None = None) -> FirstStep:
-    """Prompt in -> logits of the first new token out, for one variant (boundary step included).
+def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, setting: RunSetting, counts=None,
+               attention_mask: torch.Tensor | None = None, keep_trunk: bool = False,
+               precision: Precision | None = None) -> FirstStep:
+    """Prompt in -> logits of the first new token out, for one setting (boundary step included).
 
     `counts` (a counters.CallCounts) is told the stage: "prefill", then "boundary" for x_N.
     A batch of prompts of different lengths is left-padded (see `left_pad`) with its
@@ -211,29 +206,30 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, variant: str = "pop",
     `precision` names the layers whose prompt positions run in int8 (precision.py); x_N runs
     them in fp32.
     """
-    check_variant(variant)
-    check_precision(adapter, variant, skip, precision)
-    if variant == "pop_repair":
-        repair_maps(adapter, skip)  # refuse before any work when no repair fits this skip set
+    setting.check(adapter.n_layers)
+    check_precision(adapter, setting.variant, setting.skip, precision)
+    if setting.variant == Variant.POP_REPAIR:
+        repair_maps(adapter, setting.skip)  # refuse before any work when no repair fits the set
     n = ids.shape[1]
     if attention_mask is not None and not bool(attention_mask[:, -1].bool().all()):
         raise PromptError("pad batches on the left: the last column must be a real token in "
                           "every row")
     cache = adapter.new_cache()
-    mode = PREFILL_SKIP_MODE[variant]
     am = attention_mask
     twins = int8_twins(adapter, precision)
     _stage(counts, "prefill")
     uniform = precision is not None and precision.decode_int8  # int8 for x_N too (baseline)
-    if uniform or (variant in NO_BOUNDARY and not twins):  # int8 prompt layers: x_N apart
-        h = prefill(adapter, ids, cache, skip, mode, attention_mask=am, twins=twins)  # all N
+    if uniform or (not setting.boundary and not twins):  # int8 prompt layers: x_N apart
+        h = prefill(adapter, ids, cache, setting.skip, setting.skip_mode, attention_mask=am,
+                    twins=twins)  # all N positions
         logits = adapter.logits(h)[:, -1, :].float()  # (B, V)
         return FirstStep(logits, cache, n, am)
-    logits, trunk = _pruned_prompt(adapter, ids, cache, skip, mode, am, counts, twins)
+    logits, trunk = _pruned_prompt(adapter, ids, cache, setting, am, counts, twins)
     return FirstStep(logits, cache, n, am, trunk if keep_trunk else None)
 
 
-def _pruned_prompt(adapter: DecoderAdapter, ids, cache, skip, mode, am, counts, twins=None):
+def _pruned_prompt(adapter: DecoderAdapter, ids, cache, setting: RunSetting, am, counts,
+                   twins=None):
     """POP's prompt: x_1..x_{N-1} through the pruned stack, x_N through the full one. Returns
     the first token's logits (B, V) and the hidden states entering the first skipped layer.
 
@@ -242,22 +238,24 @@ def _pruned_prompt(adapter: DecoderAdapter, ids, cache, skip, mode, am, counts, 
     only layers first_skipped..L-1: the full model's result for x_N at a third of the cost.
     The same holds below the first int8 layer.
     """
+    skip = setting.skip if setting.active else ()
     first = min((*skip, *(twins or {})), default=adapter.n_layers)
     pad = padding(am, ids.shape[0], ids.shape[1])  # (B, N) or None
     h, pos = _embed(adapter, ids, 0, pad)  # (B, N, D), (B, N)
     h = run_layers(adapter, h, pos, cache, (), None, pad, range(first))  # shared trunk, all N
-    return prompt_above(adapter, h, pos, pad, cache, skip, mode, first, True, counts, twins), h
+    return prompt_above(adapter, h, pos, pad, cache, setting, first, counts, twins), h
 
 
-def prompt_above(adapter: DecoderAdapter, h, pos, pad, cache, skip, mode, start: int,
-                 boundary: bool, counts=None, twins=None) -> torch.Tensor:
+def prompt_above(adapter: DecoderAdapter, h, pos, pad, cache, setting: RunSetting, start: int,
+                 counts=None, twins=None) -> torch.Tensor:
     """Layers start..L-1 of a prompt from the hidden states entering layer `start` (B, N, D);
-    logits of the first new token (B, V). With `boundary`, x_1..x_{N-1} take the pruned stack
+    logits of the first new token (B, V). With POP's boundary, x_1..x_{N-1} take the pruned stack
     and x_N the full one; without, all N take the pruned stack. Any start up to min(skip) gives
     the same result: below it every variant computes what the full model does. `twins` (int8
     copies) run their layers for the pruned positions only: x_N takes the full stack."""
     rest = range(start, adapter.n_layers)
-    if not boundary:
+    skip, mode = setting.skip, setting.skip_mode
+    if not (setting.boundary or twins):  # int8 prompt layers keep x_N in fp32: a boundary too
         h = run_layers(adapter, h, pos, cache, skip, mode, pad, rest, twins)  # (B, N, D)
         return adapter.logits(h[:, -1:])[:, -1, :].float()  # (B, V)
     if h.shape[1] > 1:
@@ -269,15 +267,15 @@ def prompt_above(adapter: DecoderAdapter, h, pos, pad, cache, skip, mode, start:
 
 
 @torch.inference_mode()
-def greedy_batch(adapter: DecoderAdapter, prompts, variant: str = "pop", skip=(),
-                 max_new_tokens: int = 16, pad_id: int = 0) -> list[list[int]]:
+def greedy_batch(adapter: DecoderAdapter, prompts, setting: RunSetting, max_new_tokens: int = 16,
+                 pad_id: int = 0) -> list[list[int]]:
     """Greedy continuations of several prompts at once (left padding, one cache), no EOS stop."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be at least 1")
     ids, mask = left_pad(prompts, pad_id, adapter.device)  # (B, N) each
     check_prompt(adapter, ids.shape[1], max_new_tokens)
-    first = run_prompt(adapter, ids, variant, skip, attention_mask=mask)
-    return greedy_from(adapter, first, decode_drop(variant, skip), max_new_tokens).tolist()
+    first = run_prompt(adapter, ids, setting, attention_mask=mask)
+    return greedy_from(adapter, first, setting.decode_drop, max_new_tokens).tolist()
 
 
 @torch.inference_mode()
@@ -305,17 +303,6 @@ def greedy_from(adapter: DecoderAdapter, first: FirstStep, drop=(), max_new_toke
         out.append(nxt)
         position += 1
     return torch.cat(out, dim=1).cpu()  # (B, T)
-
-
-def prefill_skip_mode(variant: str) -> str | None:
-    """How the variant's skipped layers treat prompt positions: None or a SkipMode."""
-    check_variant(variant)
-    return PREFILL_SKIP_MODE[variant]
-
-
-def decode_drop(variant: str, skip) -> tuple[int, ...]:
-    """Layers removed during decode: only the static variant removes any."""
-    return tuple(skip) if variant == "static" else ()
 
 
 def _stage(counts, name: str) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pop_analysis.engine.int8 import int8_layers, unavailable_reason
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
+from pop_vllm.run_setting import RunSetting
 
 PRECISIONS = ("full", "int8", "skip")  # a layer's prompt precision
 CODES = {"full": "F", "int8": "I", "skip": "S"}  # one letter per layer in labels and plans
@@ -114,6 +115,11 @@ class Configuration:
 
     def plan(self, n_layers: int) -> list[str]:
         return layer_plan(n_layers, self.variant, self.skip, self.precision)
+
+    @property
+    def setting(self) -> RunSetting:
+        """Its skip set and variant as the engine takes them."""
+        return RunSetting(self.skip, self.variant)
 
 
 def from_plan(name: str, plan) -> Configuration:

@@ -1,14 +1,17 @@
-"""Skip sets: which layers POP prunes in prefill.
+"""Skip sets as users write them: explicit layers ("20-29", "3,5,7"), a ratio (the last
+round(ratio * L) layers, as in the paper) or a preset name.
 
-A skip set is a sorted tuple of 0-indexed layers. Users give explicit layers ("20-29", "3,5,7"),
-a ratio (the last round(ratio * L) layers, as in the paper) or a preset name.
+This module reads text into layers; what a skip set may be is decided by the run setting's one
+validator (`pop_vllm.run_setting.RunSetting.check`), whose refusals are the same from every input.
 """
 from __future__ import annotations
 
 from enum import StrEnum
 
-from pop_analysis.errors import InputError
 from pop_vllm.ranges import RangeError, parse_ranges
+
+# describe: imported for the many callers that label skip sets from here.
+from pop_vllm.run_setting import RunSetting, SettingError, describe, out_of_range  # noqa: F401
 
 
 class Preset(StrEnum):
@@ -24,10 +27,6 @@ PRESETS = tuple(Preset)
 MAX_LAYERS = 10_000  # bound for layer numbers parsed without a model (no model is deeper)
 
 
-class SkipSetError(InputError):
-    """An impossible skip set; the message says why."""
-
-
 def parse_layers(text: str, n_layers: int | None = None) -> tuple[int, ...]:
     """'20-29' or '3,5,7-9' -> (3, 5, 7, 8, 9). Empty text is the empty set.
 
@@ -35,17 +34,19 @@ def parse_layers(text: str, n_layers: int | None = None) -> tuple[int, ...]:
     number is checked against the layer count (MAX_LAYERS without a model) before a range is
     expanded, so '0-20000000' fails at once instead of building a list of twenty million.
     """
-    where = None if n_layers is None else f"the model has layers 0..{n_layers - 1}"
+    beyond = None if n_layers is None else (  # the run setting's own line for layers past the model
+        lambda a, b: out_of_range(f"{a}-{b}" if b > a else str(a), n_layers))
     try:
-        return parse_ranges(text, MAX_LAYERS if n_layers is None else n_layers, "layer", where)
+        return parse_ranges(text, MAX_LAYERS if n_layers is None else n_layers, "layer",
+                            beyond=beyond)
     except RangeError as e:
-        raise SkipSetError(str(e)) from None
+        raise SettingError(str(e)) from None
 
 
 def last_block(n_layers: int, ratio: float) -> tuple[int, ...]:
     """The deepest round(ratio * L) layers, the paper's contiguous tail."""
     if not 0.0 <= ratio < 1.0:
-        raise SkipSetError(f"skip ratio must be in [0, 1), got {ratio}")
+        raise SettingError(f"skip ratio must be in [0, 1), got {ratio}")
     k = round(ratio * n_layers)
     return tuple(range(n_layers - k, n_layers))
 
@@ -61,20 +62,7 @@ def preset(name: str, n_layers: int) -> tuple[int, ...]:
         return tuple(range(2, n_layers, 3))
     if name == Preset.NONE:
         return ()
-    raise SkipSetError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-
-
-def validate(layers, n_layers: int) -> tuple[int, ...]:
-    """Check explicit layers against the model; return them sorted and unique."""
-    if n_layers <= 0:
-        raise SkipSetError("the model has no layers to skip")
-    out = tuple(sorted(set(int(i) for i in layers)))
-    bad = [i for i in out if not 0 <= i < n_layers]
-    if bad:
-        raise SkipSetError(f"layer(s) {bad} out of range: the model has layers 0..{n_layers - 1}")
-    if len(out) == n_layers:
-        raise SkipSetError(f"cannot skip all {n_layers} layers: at least one must run in prefill")
-    return out
+    raise SettingError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
 
 
 def resolve(n_layers: int, layers=None, ratio: float | None = None,
@@ -82,27 +70,11 @@ def resolve(n_layers: int, layers=None, ratio: float | None = None,
     """One skip set from exactly one of explicit layers, a ratio or a preset."""
     given = [x is not None for x in (layers, ratio, preset_name)]
     if sum(given) > 1:
-        raise SkipSetError("give explicit layers, a ratio or a preset, not several")
+        raise SettingError("give explicit layers, a ratio or a preset, not several")
     if isinstance(layers, str):
         layers = parse_layers(layers, n_layers if n_layers > 0 else None)
     if ratio is not None:
         layers = last_block(n_layers, ratio)
     elif preset_name is not None:
         layers = preset(preset_name, n_layers)
-    return validate(layers or (), n_layers)
-
-
-def describe(layers) -> str:
-    """(20, 21, ..., 29, 3) -> '3, 20-29' for labels."""
-    layers = sorted(layers)
-    if not layers:
-        return "none"
-    runs, start, prev = [], layers[0], layers[0]
-    for i in layers[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i
-            continue
-        runs.append(f"{start}-{prev}" if prev > start else str(start))
-        if i is not None:
-            start = prev = i
-    return ", ".join(runs)
+    return RunSetting(layers or ()).check(n_layers).skip

@@ -12,16 +12,9 @@ from __future__ import annotations
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
-from pop_analysis.engine.pop import (
-    NO_BOUNDARY,
-    FirstStep,
-    _embed,
-    padding,
-    prefill_skip_mode,
-    prompt_above,
-    run_layers,
-)
+from pop_analysis.engine.pop import FirstStep, _embed, padding, prompt_above, run_layers
 from pop_analysis.engine.precision import twins as int8_twins
+from pop_vllm.run_setting import RunSetting
 from pop_vllm.variants import SkipMode
 
 
@@ -29,11 +22,11 @@ def shareable(adapter: DecoderAdapter) -> bool:
     return all(w is None for w in adapter.windows)
 
 
-def start_layer(adapter: DecoderAdapter, engine: str, skip, precision=None) -> int:
-    """The first layer a variant must run itself (0: nothing to share); int8 prompt layers
+def start_layer(adapter: DecoderAdapter, setting: RunSetting, precision=None) -> int:
+    """The first layer a setting must run itself (0: nothing to share); int8 prompt layers
     count as changed ones, and uniform int8 shares nothing (x_N and decode change too)."""
     int8 = precision.int8 if precision is not None else ()
-    changed = (*(skip if engine != "full" else ()), *int8)
+    changed = (*(setting.skip if setting.active else ()), *int8)
     if not changed or not shareable(adapter) or (precision is not None and precision.decode_int8):
         return 0
     return min(changed)
@@ -54,7 +47,7 @@ def full_chunk(adapter: DecoderAdapter, ids, cache, start: int = 0, attention_ma
 
 
 @torch.inference_mode()
-def prompt_from(adapter: DecoderAdapter, h, start: int, engine: str, skip,
+def prompt_from(adapter: DecoderAdapter, h, start: int, setting: RunSetting,
                 attention_mask=None, precision=None) -> FirstStep:
     """`run_prompt` from the full model's hidden states entering layer `start` (B, N, D); the
     cache holds layers start.. only (see `borrow_lower`)."""
@@ -63,8 +56,7 @@ def prompt_from(adapter: DecoderAdapter, h, start: int, engine: str, skip,
     pos = adapter.positions(0, n, b, pad)  # (B, N)
     cache = adapter.new_cache()
     twins = int8_twins(adapter, precision)
-    logits = prompt_above(adapter, h, pos, pad, cache, skip, prefill_skip_mode(engine), start,
-                          engine not in NO_BOUNDARY or bool(twins), twins=twins)
+    logits = prompt_above(adapter, h, pos, pad, cache, setting, start, twins=twins)
     return FirstStep(logits, cache, n, attention_mask)
 
 

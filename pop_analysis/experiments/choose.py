@@ -28,11 +28,12 @@ from pop_analysis.importance.methods import METHODS, primary
 from pop_analysis.importance.picks import SHAPES, pick
 from pop_analysis.importance.suggest import lowest_block
 from pop_analysis.progress import Tracker, keeping
-from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.quality.evaluate import FULL, Arm, evaluate_variants
 from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.speed.timing import TimingConfig
 from pop_analysis.store import results as store
 from pop_analysis.store.schema import Record, plain
+from pop_vllm.run_setting import RunSetting
 
 KIND = "choice"
 
@@ -126,7 +127,7 @@ class _Search:
         new = [s for s in dict.fromkeys(sets) if describe(s) not in self.tried]
         new = new[:self.cfg.max_candidates - len(self.tried)]
         if new:
-            variants = [Variant(describe(s), "pop", s) for s in new]
+            variants = [Arm(describe(s), RunSetting(s)) for s in new]
             step = lambda k: self.tracker.step(k, f"{phase}: {len(new)} set(s)", kind="evaluation")  # noqa: E731
             scores = evaluate_variants(self.lm, self.items, variants, max(self.cfg.answer_tokens, 1),
                                        generate=False, step=step)
@@ -234,12 +235,13 @@ def _result(lm: LoadedModel, search: _Search, head: dict, best, t0: float, cfg: 
                      ["skip_layers"])
     out = ChoiceResult(**head, met=bool(best), chosen=list(best), candidates=cands,
                        seconds=time.perf_counter() - t0,
-                       ideal_speedup=ideal_speedup(lm.adapter.shape, cfg.bench_tokens, best))
+                       ideal_speedup=ideal_speedup(lm.adapter.shape, cfg.bench_tokens,
+                                                   RunSetting(best)))
     if not best and cands:
         out.best_found = min(cands, key=lambda c: math.inf if c["shortfall"] is None
                              else c["shortfall"])
     if best and timed:
-        out.speed = speed_fields(lm, "pop", best, cfg.bench_tokens,
+        out.speed = speed_fields(lm, RunSetting(best), cfg.bench_tokens,
                                  TimingConfig(min_rounds=cfg.repeats, budget_s=cfg.timing_budget_s))
     out.note = outcome_line(out, Budget(**out.budget))
     return out

@@ -29,11 +29,12 @@ from pop_analysis.importance.picks import BUDGETS, SHAPES, budget_k, jaccard, pi
 from pop_analysis.progress import Tracker
 from pop_analysis.quality import stats
 from pop_analysis.quality.evalsets import load_eval_set
-from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.quality.evaluate import FULL, Arm, evaluate_variants
 from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.speed.timing import TimingConfig
 from pop_analysis.store import results as store
 from pop_analysis.store.schema import Record, plain
+from pop_vllm.run_setting import RunSetting
 
 KIND = "method_compare"
 
@@ -135,7 +136,7 @@ def compare_methods(lm: LoadedModel, importance, cfg: CompareConfig = CompareCon
     timed = {describe(p["skip"]) for p in planned if p["method"] != "random"} if cfg.speed else set()
     tracker = Tracker(len(items) * len(sets) + len(timed), progress, "comparing methods",
                       plan={"evaluation": len(items) * len(sets), "timing": len(timed)})
-    variants = [Variant(label, "pop", skip) for label, skip in sets.items()]
+    variants = [Arm(label, RunSetting(skip)) for label, skip in sets.items()]
     step = lambda k: tracker.step(k, "evaluating the sets", kind="evaluation")  # noqa: E731
     scores = evaluate_variants(lm, items, variants, max(cfg.answer_tokens, 1), generate=False,
                                step=step)
@@ -178,7 +179,7 @@ def _retrieval(lm: LoadedModel, cfg: CompareConfig, variants) -> dict | None:
 
 def _speed(lm: LoadedModel, skip, cfg: CompareConfig, tracker: Tracker) -> dict:
     timing = TimingConfig(min_rounds=cfg.repeats, budget_s=cfg.timing_budget_s)
-    out = speed_fields(lm, "pop", skip, cfg.bench_tokens, timing,
+    out = speed_fields(lm, RunSetting(skip), cfg.bench_tokens, timing,
                        lambda: tracker.step(0, f"timing layers {describe(skip)}"))
     tracker.step(1, f"timed layers {describe(skip)}", kind="timing")
     return out
@@ -189,7 +190,8 @@ def _row(lm: LoadedModel, p: dict, quality: dict, speeds, n: int, cfg: CompareCo
     row = {"method": p["method"], "budget": p["budget"], "shape": p["shape"], "k": p["k"],
            "skip_layers": list(p["skip"]), "set": label, "n": n,
            "jaccard_dropone": p["jaccard_dropone"],
-           "ideal_speedup": ideal_speedup(lm.adapter.shape, cfg.bench_tokens, p["skip"]),
+           "ideal_speedup": ideal_speedup(lm.adapter.shape, cfg.bench_tokens,
+                                          RunSetting(p["skip"])),
            **quality[label]}
     if "seed" in p:
         row["seed"] = p["seed"]

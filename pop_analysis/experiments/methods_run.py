@@ -21,17 +21,23 @@ from pop_analysis.engine.generate import encode
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import check_prompt
 from pop_analysis.experiments.methods_store import check_part, check_result
-from pop_analysis.importance.calibrate import (CalibrationConfig, cached_calibration,
-    calibrate_ids, shape_record, used_fingerprint)
+from pop_analysis.importance.calibrate import (
+    CalibrationConfig,
+    cached_calibration,
+    calibrate_ids,
+    shape_record,
+    used_fingerprint,
+)
 from pop_analysis.importance.compare import RESAMPLES, agreement
 from pop_analysis.importance.hooks_pass import TOKENS, forward_metrics
 from pop_analysis.importance.methods import METHODS, MethodError, series_keys
 from pop_analysis.importance.picks import random_scores, tail_scores
 from pop_analysis.progress import Tracker
-from pop_analysis.quality.evaluate import Variant, evaluate_variants
+from pop_analysis.quality.evaluate import Arm, evaluate_variants
 from pop_analysis.quality.items import EvalItem
 from pop_analysis.store import results as store
 from pop_analysis.store.schema import Record, plain
+from pop_vllm.run_setting import RunSetting
 
 KIND, PART_KIND = "importance", "importance_part"
 PARTS = {"gate": ("gate", "taylor"), "hooks": ("bi", "angular", "sublayer", "magnitude"),
@@ -161,7 +167,7 @@ def drop_one(lm: LoadedModel, prompt_ids, new_tokens: int, progress=None) -> dic
     continuation when that layer alone is skipped POP-style for the prompt, (n, L) each."""
     L = lm.adapter.n_layers
     items = [EvalItem(tuple(p)) for p in prompt_ids]
-    variants = [Variant(f"drop {i}", "pop", (i,)) for i in range(L)]
+    variants = [Arm(f"drop {i}", RunSetting((i,))) for i in range(L)]
     tracker = Tracker(len(items) * L, progress, "drop-one")
     scores = evaluate_variants(lm, items, variants, new_tokens, generate=False,
                                step=lambda k: tracker.step(k, "drop-one"))

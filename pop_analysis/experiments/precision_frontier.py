@@ -84,11 +84,11 @@ def measure_points(lm, configs, items, ids, timing=None, on_config=None) -> list
     """Each configuration's TTFT speedup over the full model on prompt ids (1, N) (timing
     protocol) and its continuation KL to the full model over `items` (teacher-forced, batched);
     on_config(k, total) after each."""
-    from pop_analysis.quality.evaluate import Variant, evaluate_variants
+    from pop_analysis.quality.evaluate import Arm, evaluate_variants
     from pop_analysis.speed.precision_speed import FULL, time_config
     from pop_analysis.speed.timing import TimingConfig
 
-    variants = [Variant(c.name, c.variant, c.skip, c.precision) for c in configs]
+    variants = [Arm(c.name, c.setting, c.precision) for c in configs]
     scores = evaluate_variants(lm, items, variants, max_new_tokens=16, generate=False)
     out = []
     for k, c in enumerate(configs):

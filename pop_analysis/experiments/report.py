@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.skipset import preset
 from pop_analysis.experiments.sweep import SweepConfig, cached_sweep
-from pop_analysis.quality.evaluate import Variant
+from pop_analysis.quality.evaluate import Arm
 from pop_analysis.store import results as store
+from pop_vllm.run_setting import RunSetting
 
 
 @dataclass(frozen=True)
@@ -53,9 +54,9 @@ def sweep_config(part: str, cfg: ReportConfig) -> SweepConfig:
                        greedy=cfg.greedy_tokens > 0, **common)
 
 
-def mc_variants(n_layers: int) -> list[Variant]:
+def mc_variants(n_layers: int) -> list[Arm]:
     """Multiple choice compares POP (the paper's last third) with the full model."""
-    return [Variant("pop", "pop", preset("paper", n_layers))]
+    return [Arm("pop", RunSetting(preset("paper", n_layers)))]
 
 
 def part_result(lm: LoadedModel, part: str, cfg: ReportConfig, compute: bool = True,

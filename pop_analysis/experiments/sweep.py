@@ -18,11 +18,15 @@ import time
 from dataclasses import dataclass, field
 
 from pop_analysis.engine.models import LoadedModel
-from pop_analysis.engine.skipset import SkipSetError, describe, last_block, preset
+from pop_analysis.engine.skipset import describe, last_block, preset
 from pop_analysis.errors import InputError
 from pop_analysis.experiments.paper import PAPER_TABLES, paper_frame  # noqa: F401 - part of this module's API
-from pop_analysis.experiments.sweep_quality import (answers_metric, evaluate_runs, row_quality,
-    run_key)
+from pop_analysis.experiments.sweep_quality import (
+    answers_metric,
+    evaluate_runs,
+    row_quality,
+    run_key,
+)
 from pop_analysis.experiments.sweep_speed import TIMING_PROTOCOL, speed_fields
 from pop_analysis.importance.suggest import lowest
 from pop_analysis.progress import Tracker, keeping
@@ -36,6 +40,7 @@ from pop_analysis.speed.timing import TimingConfig, TimingError
 from pop_analysis.store import results as store
 from pop_analysis.store.records import check
 from pop_analysis.store.schema import Record, SweepRow, plain
+from pop_vllm.run_setting import RunSetting, SettingError
 
 KINDS = ("ratio", "ablation", "length", "adaptive")
 
@@ -112,33 +117,34 @@ def timing_config(cfg: SweepConfig):
         raise SweepError(str(e)) from None
 
 
-def _row(lm: LoadedModel, kind, name, engine, skip, quality: dict, cfg, tracker,
+def _row(lm: LoadedModel, kind, name, setting: RunSetting, quality: dict, cfg, tracker,
          length) -> SweepRow:
-    """One variant's quality fields (`row_quality`; {} without items) and its measured speedup at
-    `length` tokens."""
+    """One setting's quality fields (`row_quality`; {} without items) and its measured speedup
+    at `length` tokens."""
     n_layers = lm.adapter.n_layers
     tick = lambda: tracker.step(0, message=f"{kind}: timing {name}")  # noqa: E731
-    speed = speed_fields(lm, engine, skip, length, timing_config(cfg), tick)
-    timed = engine != "full" and bool(skip)  # the tracker plan's "timing" work
+    speed = speed_fields(lm, setting, length, timing_config(cfg), tick)
+    timed = setting.active  # the tracker plan's "timing" work
     tracker.step(message=f"{kind}: timed {name}", kind="timing" if timed else None, weight=length)
     q = dict(quality)
     declared = {f.name for f in dataclasses.fields(SweepRow)}
     nan = float("nan")
     return SweepRow(
-        variant=name, skip_ratio=len(skip) / n_layers, skip_layers=sorted(skip), **speed,
-        continuation_nll=q.pop("continuation_nll", nan), greedy_agreement=q.pop("greedy_agreement", nan),
-        kind=kind, length=length, engine_variant=engine,
+        variant=name, skip_ratio=len(setting.skip) / n_layers, skip_layers=list(setting.skip),
+        **speed, continuation_nll=q.pop("continuation_nll", nan),
+        greedy_agreement=q.pop("greedy_agreement", nan), kind=kind, length=length,
+        engine_variant=str(setting.variant),
         **{k: q.pop(k) for k in list(q) if k in declared}, intervals=q)
 
 
 def _prepare(lm: LoadedModel, cfg, evalset, runs, progress, message):
-    """(evalset, scores, tracker) for `runs`, a list of (engine, skip) rows."""
+    """(evalset, scores, tracker) for `runs`, a list of RunSettings."""
     timing_config(cfg)  # bad timing settings fail before any evaluation
     evalset = evalset or load_eval_set(lm, cfg.dataset, cfg.n_samples, seed=cfg.seed)
-    n_eval = len({run_key(e, s) for e, s in runs} | {FULL.name})
+    n_eval = len({run_key(s) for s in runs} | {FULL.name})
     n, w = len(evalset.items), cfg.bench_tokens  # ETA: costs by kind, weighted by tokens
     tracker = Tracker(n * n_eval + len(runs), progress, message, plan={
-        "evaluation": n * n_eval * w, "timing": sum(w for e, s in runs if e != "full" and s)})
+        "evaluation": n * n_eval * w, "timing": sum(w for s in runs if s.active)})
     greedy = cfg.greedy or evalset.kind == "retrieval"  # retrieval answers need generation
     scores = evaluate_runs(lm, evalset.items, runs, cfg.max_new_tokens,
                            tracker.costed("evaluation", cfg.bench_tokens), message, greedy)
@@ -171,16 +177,16 @@ def ratio_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=None
     t0 = time.perf_counter()
     n_layers = lm.adapter.n_layers
     skips = [last_block(n_layers, float(r)) for r in cfg.ratios]  # raises on a bad ratio
-    named = [(r, v, s) for r, s in zip(cfg.ratios, skips)
+    named = [(r, RunSetting(s, v)) for r, s in zip(cfg.ratios, skips)
              for v in (("pop", "pop_repair") if s and cfg.repair else ("pop" if s else "full",))]
-    runs = [(engine, skip) for _, engine, skip in named]
+    runs = [setting for _, setting in named]
     attach_repairs(lm, "ratio", cfg, repairs)
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ratio sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
     with _kept(lm, "ratio", cfg, t0, evalset) as rows:
-        for r, engine, skip in named:
-            row = _row(lm, "ratio", engine, engine, skip,
-                       row_quality(scores, run_key(engine, skip), n, answers), cfg, tracker,
+        for r, setting in named:
+            row = _row(lm, "ratio", str(setting.variant), setting,
+                       row_quality(scores, run_key(setting), n, answers), cfg, tracker,
                        cfg.bench_tokens)
             row.skip_ratio = float(r)  # the ratio asked for; skip_layers says what it rounded to
             rows.append(row)
@@ -223,15 +229,15 @@ def ablation_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=N
     if bad or not cfg.variants:
         raise SweepError(f"unknown ablation variant(s) {bad}; choose from {', '.join(ABLATIONS)}")
     n_layers = lm.adapter.n_layers
-    runs = [(ABLATIONS[v][0], () if ABLATIONS[v][0] == "full" else preset(ABLATIONS[v][1], n_layers))
-            for v in cfg.variants]
+    runs = [RunSetting(() if ABLATIONS[v][0] == "full" else preset(ABLATIONS[v][1], n_layers),
+                       ABLATIONS[v][0]) for v in cfg.variants]
     attach_repairs(lm, "ablation", cfg, repairs)
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ablation sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
     with _kept(lm, "ablation", cfg, t0, evalset) as rows:
-        for name, (engine, skip) in zip(cfg.variants, runs):
-            rows.append(_row(lm, "ablation", name, engine, skip, row_quality(
-                scores, run_key(engine, skip), n, answers), cfg, tracker, cfg.bench_tokens))
+        for name, setting in zip(cfg.variants, runs):
+            rows.append(_row(lm, "ablation", name, setting, row_quality(
+                scores, run_key(setting), n, answers), cfg, tracker, cfg.bench_tokens))
     return _result(lm, "ablation", rows, cfg, t0, evalset)
 
 
@@ -244,7 +250,7 @@ def length_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=Non
     if not cfg.lengths or min(cfg.lengths) < 2:
         raise SweepError("the length sweep needs prompt lengths of at least 2 tokens")
     timing_config(cfg)
-    skip = preset("paper", lm.adapter.n_layers)
+    pop = RunSetting(preset("paper", lm.adapter.n_layers))
     sets = {n: _retrieval_or_none(lm, cfg, n) for n in cfg.lengths}
     n_items = sum(len(v) for v in sets.values())
     plan = {"evaluation": 2.0 * sum(n * len(v) for n, v in sets.items()),
@@ -252,10 +258,10 @@ def length_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=Non
     tracker = Tracker(2 * n_items + len(cfg.lengths), progress, "length sweep", plan=plan)
     with _kept(lm, "length", cfg, t0) as rows:
         for n, items in sets.items():
-            scores = evaluate_runs(lm, items, [("pop", skip)], cfg.retrieval_new_tokens,
+            scores = evaluate_runs(lm, items, [pop], cfg.retrieval_new_tokens,
                                    tracker.costed("evaluation", n), f"length {n}")
-            quality = row_quality(scores, run_key("pop", skip), len(items), "retrieval_acc")
-            row = _row(lm, "length", "pop", "pop", skip, quality, cfg, tracker, n)
+            quality = row_quality(scores, run_key(pop), len(items), "retrieval_acc")
+            row = _row(lm, "length", "pop", pop, quality, cfg, tracker, n)
             if items:
                 row.item_tokens = round(statistics.fmean(len(i.prompt_ids) for i in items))
             rows.append(row)
@@ -272,7 +278,7 @@ def _retrieval_or_none(lm: LoadedModel, cfg, n) -> list:
 def adaptive_skip(scores, k: int) -> tuple[int, ...]:
     """The k layers of lowest prefill importance (ties: the deeper layer first)."""
     if not 0 < k < len(scores):
-        raise SkipSetError(f"cannot pick {k} of {len(scores)} layers")
+        raise SettingError(f"cannot pick {k} of {len(scores)} layers")
     return tuple(lowest(scores, k))
 
 
@@ -299,14 +305,15 @@ def adaptive_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), calibratio
         raise SweepError(f"calibration has {len(scores)} layers, the model {n_layers}")
     tail = preset("paper", n_layers)
     chosen = adaptive_skip(scores, len(tail))
-    named = (("full", "full", ()), ("pop", "pop", tail), ("adaptive", "pop", chosen))
-    runs = [(engine, skip) for _, engine, skip in named]
+    named = (("full", RunSetting.full()), ("pop", RunSetting(tail)),
+             ("adaptive", RunSetting(chosen)))
+    runs = [setting for _, setting in named]
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "adaptive sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
     with _kept(lm, "adaptive", cfg, t0, evalset) as rows:
-        for name, engine, skip in named:
-            rows.append(_row(lm, "adaptive", name, engine, skip, row_quality(
-                scores, run_key(engine, skip), n, answers), cfg, tracker, cfg.bench_tokens))
+        for name, setting in named:
+            rows.append(_row(lm, "adaptive", name, setting, row_quality(
+                scores, run_key(setting), n, answers), cfg, tracker, cfg.bench_tokens))
     return _result(lm, "adaptive", rows, cfg, t0, evalset)
 
 

@@ -4,9 +4,10 @@ full model (quality.py)."""
 from __future__ import annotations
 
 from pop_analysis.engine.models import LoadedModel
-from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.quality.evaluate import FULL, Arm, evaluate_variants
 from pop_analysis.quality.items import EvalSet
 from pop_analysis.quality.summary import metric_fields
+from pop_vllm.run_setting import RunSetting
 
 
 def row_quality(scores, key: str, n: int, answers: str | None) -> dict:
@@ -28,15 +29,18 @@ def answers_metric(evalset: EvalSet, task_accuracy: bool) -> str | None:
     return "exact_match" if evalset.kind == "gsm8k" and task_accuracy else None
 
 
-def run_key(engine: str, skip) -> str:
-    return FULL.name if engine == "full" or not skip else f"{engine}:{','.join(map(str, skip))}"
+def run_key(setting: RunSetting) -> str:
+    """A setting's name among a sweep's evaluated arms ("pop:20,21"; the full model: "full")."""
+    if not setting.active:
+        return FULL.name
+    return f"{setting.variant}:{','.join(map(str, setting.skip))}"
 
 
 def evaluate_runs(lm: LoadedModel, items, runs, new_tokens, tracker, kind,
                   greedy: bool = True) -> dict | None:
-    """Every (engine, skip) of `runs` over `items` in one batched pass; None without items."""
+    """Every RunSetting of `runs` over `items` in one batched pass; None without items."""
     if not items:
         return None
-    variants = {run_key(e, s): Variant(run_key(e, s), e, tuple(s)) for e, s in runs}
+    variants = {run_key(s): Arm(run_key(s), s) for s in runs}
     step = lambda k: tracker.step(k, message=f"{kind}: evaluating")  # noqa: E731
     return evaluate_variants(lm, items, list(variants.values()), new_tokens, greedy, step=step)

@@ -26,10 +26,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from pop_analysis.engine.generate import SamplingConfig, generate
 from pop_analysis.engine.models import DEFAULT_MODEL, LoadedModel, load_model
-from pop_analysis.engine.pop import check_variant
 from pop_analysis.engine.skipset import resolve
 from pop_analysis.errors import shown
 from pop_analysis.quality.metrics import score_continuations
+from pop_vllm.run_setting import RunSetting
 
 DEFAULT_MAX_LENGTH = 2048  # when the config states no context length
 
@@ -85,9 +85,9 @@ class PopLM(TemplateLM):
         if self.lm.tokenizer is None:
             raise PopLMError(f"model {self.lm.name} has no tokenizer; lm-eval feeds text")
         self.tokenizer = self.lm.tokenizer
-        check_variant(variant)
-        self.variant = variant
-        self.skip = parse_skip(self.lm.adapter.n_layers, skip, skip_ratio, preset)
+        n_layers = self.lm.adapter.n_layers
+        self.setting = RunSetting(parse_skip(n_layers, skip, skip_ratio, preset), variant).check(
+            n_layers)  # model_args are this way in's flags: one setting built from them
         self.repair = self._attach_repair(repair)
         self.add_bos_token = bool(add_bos_token)
         self._max_length = int(max_length) if max_length else (
@@ -96,8 +96,8 @@ class PopLM(TemplateLM):
         self._device = self.lm.device
 
     def _attach_repair(self, spec):
-        """The repair pop_repair needs (model_args repair=KEY|auto), attached for self.skip."""
-        if self.variant != "pop_repair":
+        """The repair pop_repair needs (model_args repair=KEY|auto), attached for the skip set."""
+        if self.setting.variant != "pop_repair":
             if spec:
                 raise PopLMError("repair= applies to variant=pop_repair only")
             return None
@@ -105,7 +105,7 @@ class PopLM(TemplateLM):
             raise PopLMError("variant=pop_repair needs repair=KEY or repair=auto")
         from pop_analysis.repair.store import ensure
 
-        return ensure(self.lm, self.skip, str(spec))
+        return ensure(self.lm, self.setting.skip, str(spec))
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
@@ -162,8 +162,7 @@ class PopLM(TemplateLM):
             groups[tuple(ctx)].append((i, cont))
         out: list = [None] * len(requests)
         for ctx, members in groups.items():
-            scores = score_continuations(self.lm, ctx, [c for _, c in members], self.variant,
-                                         self.skip)
+            scores = score_continuations(self.lm, ctx, [c for _, c in members], self.setting)
             for (i, _), s in zip(members, scores):
                 out[i] = (s.total_logprob, s.is_greedy)
                 if requests[i][0] is not None:
@@ -183,7 +182,7 @@ class PopLM(TemplateLM):
             (text,) = req.args
             windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
                 self.tok_encode(text), self.prefix_token_id, self.max_length, 1)]
-            total = sum(score_continuations(self.lm, ctx, [pred], self.variant, self.skip)[0]
+            total = sum(score_continuations(self.lm, ctx, [pred], self.setting)[0]
                         .total_logprob for ctx, pred in windows)
             out.append(total)
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
@@ -212,7 +211,7 @@ class PopLM(TemplateLM):
         ids = self.tok_encode(context)[-(self.max_length - max_new):] or [self.prefix_token_id]
         tokens: list[int] = []
         text = ""
-        for tok in generate(self.lm, ids, self.variant, self.skip, cfg):
+        for tok in generate(self.lm, ids, self.setting, cfg):
             tokens.append(tok.token_id)
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             if any(u in text for u in until):

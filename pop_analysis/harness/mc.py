@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.quality.evalsets import data_dir
-from pop_analysis.quality.evaluate import FULL, Variant
+from pop_analysis.quality.evaluate import FULL, Arm
 from pop_analysis.quality.items import EvalDataError
 from pop_analysis.quality.summary import delta, estimate
 from pop_analysis.store.paths import cache_dir
@@ -37,16 +37,17 @@ def task_dir(data: Path | None = None) -> Path:
     return out
 
 
-def per_doc(lm: LoadedModel, variant: Variant, tasks, limit: int | None,
+def per_doc(lm: LoadedModel, arm: Arm, tasks, limit: int | None,
             metric: str = "acc_norm") -> dict[str, dict[int, float]]:
-    """{task: {doc_id: 1.0 / 0.0}} of one variant, run through lm-eval's own task pipeline."""
+    """{task: {doc_id: 1.0 / 0.0}} of one arm, run through lm-eval's own task pipeline."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
     from pop_analysis.harness.lm_eval_model import PopLM
 
-    skip = {"skip": ";".join(map(str, variant.skip))} if variant.skip else {"preset": "none"}
-    model = PopLM(lm=lm, variant=variant.engine, **skip)
+    s = arm.setting  # lm-eval builds its model from model_args: the setting goes as its flags
+    skip = {"skip": ";".join(map(str, s.skip))} if s.skip else {"preset": "none"}
+    model = PopLM(lm=lm, variant=str(s.variant), **skip)
     manager = TaskManager(include_path=str(task_dir()), include_defaults=False)
     out = simple_evaluate(model=model, tasks=list(tasks), limit=limit, task_manager=manager,
                           log_samples=True)
@@ -66,8 +67,8 @@ def mc_compare(lm: LoadedModel, variants, tasks=LOCAL_TASKS, limit: int | None =
         for v in runs:
             mine = [hits[v.name][task][d] for d in docs]
             acc = estimate(mine, binary=True)
-            row = {"task": task, "metric": metric, "variant": v.name, "skip_layers": list(v.skip),
-                   "n": acc.n, "acc": acc.value, "acc_ci": list(acc.ci)}
+            row = {"task": task, "metric": metric, "variant": v.name,
+                   "skip_layers": list(v.setting.skip), "n": acc.n, "acc": acc.value, "acc_ci": list(acc.ci)}
             if v.name != FULL.name:
                 d = delta(mine, full, binary=True)
                 row.update(acc_delta=d.value, acc_delta_ci=list(d.ci), acc_delta_p=d.p_value)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
+from pop_analysis.engine.hooks import Hooks
 
 PREFILL, DECODE, NONE = 0, 1, 2  # stage codes per position
 
@@ -79,17 +80,13 @@ def gated(adapter: DecoderAdapter, gates: StageGates, stages: torch.Tensor):
     stages (B, T) from stage_map must match the batch the model is run on.
     """
     g = gates.values(stages)  # (B, T, L)
-    handles = []
-    try:
+    with Hooks() as hooks:
         for i in range(adapter.n_layers):
             scale = g[:, :, i:i + 1]  # (B, T, 1)
             hook = lambda mod, args, out, s=scale: _scaled(out, s)  # noqa: E731
             for branch in adapter.residual_branches(i):  # Gemma: the post-branch norms
-                handles.append(branch.register_forward_hook(hook))
+                hooks.after(branch, hook)
         yield g
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager
@@ -108,14 +105,10 @@ def block_influence(adapter: DecoderAdapter):
                 record[i] = (1.0 - cos).detach()
         return fn
 
-    handles = []
-    try:
+    with Hooks() as hooks:
         for i in range(adapter.n_layers):
-            handles.append(adapter.layers[i].register_forward_hook(hook(i), with_kwargs=True))
+            hooks.after(adapter.layers[i], hook(i), with_kwargs=True)
         yield record
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @contextmanager
@@ -154,14 +147,10 @@ def layer_ticks(adapter: DecoderAdapter, tick):
                 y.register_hook(lambda grad: tick(f"backward layer {i + 1}/{L}"))
         return fn
 
-    handles = []
-    try:
+    with Hooks() as hooks:
         for i in range(L):
-            handles.append(adapter.layers[i].register_forward_hook(hook(i)))
+            hooks.after(adapter.layers[i], hook(i))
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def stage_means(values: torch.Tensor, stages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pop_analysis.engine.hooks import Hooks
 from pop_analysis.importance.batch_plan import plan_batches
 from pop_analysis.importance.gates import DECODE, NONE, PREFILL, stage_means
 
@@ -116,19 +117,13 @@ def triangle(h: torch.Tensor) -> torch.Tensor:
 @contextmanager
 def recording(adapter, rec: _Recorder):
     """Branch and layer hooks that feed `rec`; removed on the way out."""
-    handles = []
-    try:
+    with Hooks() as hooks:
         for i in range(adapter.n_layers):
             for branch in adapter.residual_branches(i):
-                handles.append(branch.register_forward_hook(
-                    lambda mod, args, out, i=i: rec.on_branch(i, out)))
-            handles.append(adapter.layers[i].register_forward_hook(
-                lambda mod, args, kwargs, out, i=i: rec.on_layer(i, *adapter.layer_io(args, kwargs, out)),
-                with_kwargs=True))
+                hooks.after(branch, lambda mod, args, out, i=i: rec.on_branch(i, out))
+            hooks.after(adapter.layers[i], lambda mod, args, kwargs, out, i=i: rec.on_layer(
+                i, *adapter.layer_io(args, kwargs, out)), with_kwargs=True)
         yield rec
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @torch.inference_mode()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pop_analysis.engine.adapter import Shape
 from pop_analysis.engine.skipset import preset
 from pop_analysis.speed.flops import ideal_speedup
+from pop_vllm.run_setting import RunSetting
 
 SPEEDUP_LENGTH = 512  # prompt length at which suggestions quote their ideal speedup
 
@@ -91,7 +92,7 @@ def _suggestion(result, name: str, layers, description: str) -> Suggestion:
     if result.shape and needed <= set(result.shape):  # older results lack the later fields
         given = {f.name: result.shape[f.name] for f in fields if f.name in result.shape}
         shape = Shape(**{**given, "windows": tuple(given.get("windows") or ())})
-        speed = ideal_speedup(shape, SPEEDUP_LENGTH, layers)
+        speed = ideal_speedup(shape, SPEEDUP_LENGTH, RunSetting(layers))
     else:  # no usable shape stored: the layer-count ratio, as the paper quotes it
         speed = result.n_layers / (result.n_layers - len(layers))
     return Suggestion(name, layers, float(speed), description)

@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
+from pop_analysis.engine.hooks import Hooks
 from pop_analysis.engine.pop import check_prompt, decode_step, repair_maps, run_prompt
 from pop_analysis.errors import InputError
 from pop_analysis.progress import Tracker
 from pop_analysis.store import results as store
 from pop_analysis.store.records import check
 from pop_analysis.store.schema import Record
+from pop_vllm.run_setting import RunSetting
 
 if TYPE_CHECKING:
     from pop_analysis.engine.models import LoadedModel
@@ -120,15 +122,11 @@ class _Recorder:
 def recording(adapter: DecoderAdapter, n_prefill: int):
     """Hook every layer's output and every o_proj input while the block runs."""
     rec = _Recorder(n_prefill)
-    handles = []
-    try:
+    with Hooks() as hooks:
         for i in range(adapter.n_layers):
-            handles.append(adapter.layers[i].register_forward_hook(partial(rec.on_layer, i)))
-            handles.append(adapter.o_proj(i).register_forward_pre_hook(partial(rec.on_o_proj, i)))
+            hooks.after(adapter.layers[i], partial(rec.on_layer, i))
+            hooks.before(adapter.o_proj(i), partial(rec.on_o_proj, i))
         yield rec
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @dataclass
@@ -144,12 +142,13 @@ class _Run:
 
 
 @torch.inference_mode()
-def _run(adapter: DecoderAdapter, ids: torch.Tensor, variant: str, skip, feed, steps: int,
+def _run(adapter: DecoderAdapter, ids: torch.Tensor, setting: RunSetting, feed, steps: int,
          tick) -> _Run:
-    """Prompt + K-1 decode steps of one variant; `feed` is None to pick greedy tokens."""
+    """Prompt + K-1 decode steps of one setting; `feed` is None to pick greedy tokens."""
     n = ids.shape[1]
+    variant = setting.variant
     with recording(adapter, n - 1) as rec:
-        first = run_prompt(adapter, ids, variant, skip, counts=rec)
+        first = run_prompt(adapter, ids, setting, counts=rec)
         kv = [_prompt_kv(adapter, first.cache, i, n) for i in range(adapter.n_layers)]
         rec.stage = "decode"
         tick(f"{variant}: prompt")
@@ -251,33 +250,34 @@ def _compare(full: _Run, pop: _Run, cfg: DriftConfig) -> dict:
 
 # --- public API ------------------------------------------------------------------------------
 
-def drift(lm: LoadedModel, prompt_ids: list[int], skip, cfg: DriftConfig = DriftConfig(),
-          progress=None, variant: str = "pop") -> DriftResult:
-    """Full model vs POP (or `variant`, e.g. pop_repair) on one prompt; `progress` gets a
-    Progress per prompt/decode step."""
+def drift(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting,
+          cfg: DriftConfig = DriftConfig(), progress=None) -> DriftResult:
+    """Full model vs POP (or pop_repair) on one prompt; `progress` gets a Progress per
+    prompt/decode step."""
     n_steps = 2 * cfg.decode_steps
     tracker = Tracker(n_steps, progress, "drift")
-    return _drift(lm, prompt_ids, skip, cfg, lambda msg: tracker.step(1, msg), variant)
+    return _drift(lm, prompt_ids, setting, cfg, lambda msg: tracker.step(1, msg))
 
 
-def _drift(lm: LoadedModel, prompt_ids, skip, cfg: DriftConfig, tick,
-           variant: str = "pop") -> DriftResult:
+def _drift(lm: LoadedModel, prompt_ids, setting: RunSetting, cfg: DriftConfig,
+           tick) -> DriftResult:
     t0 = time.perf_counter()
     adapter = lm.adapter
-    skip = sorted(int(i) for i in skip)
-    _check(adapter, len(prompt_ids), skip, cfg)
+    _check(adapter, len(prompt_ids), setting, cfg)
     ids = torch.tensor([list(prompt_ids)], device=adapter.device)  # (1, N)
-    full = _run(adapter, ids, "full", skip, None, cfg.decode_steps, tick)
-    pop = _run(adapter, ids, variant, skip, full.fed, cfg.decode_steps, tick)
+    full = _run(adapter, ids, RunSetting.full(), None, cfg.decode_steps, tick)
+    pop = _run(adapter, ids, setting, full.fed, cfg.decode_steps, tick)
     stats = _compare(full, pop, cfg)
     greedy = full.fed + [int(full.logits[-1].argmax())]
     return DriftResult(
-        model=lm.name, skip_layers=skip, n_layers=adapter.n_layers, prompt_tokens=len(prompt_ids),
-        tokens=_token_strings(lm, prompt_ids, stats["token_positions"]), decode_tokens=greedy,
-        config=asdict(cfg), seconds=time.perf_counter() - t0, variant=variant, **stats)
+        model=lm.name, skip_layers=list(setting.skip), n_layers=adapter.n_layers,
+        prompt_tokens=len(prompt_ids), tokens=_token_strings(lm, prompt_ids,
+                                                             stats["token_positions"]),
+        decode_tokens=greedy, config=asdict(cfg), seconds=time.perf_counter() - t0,
+        variant=str(setting.variant), **stats)
 
 
-def _check(adapter: DecoderAdapter, n: int, skip, cfg: DriftConfig) -> None:
+def _check(adapter: DecoderAdapter, n: int, setting: RunSetting, cfg: DriftConfig) -> None:
     if cfg.decode_steps < 1:
         raise DriftError(f"decode_steps must be at least 1, got {cfg.decode_steps}")
     if cfg.max_tokens_plot < 1:
@@ -285,11 +285,15 @@ def _check(adapter: DecoderAdapter, n: int, skip, cfg: DriftConfig) -> None:
     if n < 2:
         raise DriftError(f"drift needs a prompt of at least 2 tokens (x_1..x_(N-1) is the pruned "
                          f"prefill), got {n}")
-    bad = [i for i in skip if not 0 <= i < adapter.n_layers]
-    if bad:
-        raise DriftError(f"skip layer(s) {bad} out of range: the model has layers "
-                         f"0..{adapter.n_layers - 1}")
+    _comparable(setting).check(adapter.n_layers)
     check_prompt(adapter, n, cfg.decode_steps)
+
+
+def _comparable(setting: RunSetting) -> RunSetting:
+    if setting.variant not in ("pop", "pop_repair"):
+        raise DriftError(f"drift compares pop or pop_repair with the full model, not "
+                         f"{str(setting.variant)!r}")
+    return setting
 
 
 def _token_strings(lm: LoadedModel, ids, positions) -> list[str] | None:
@@ -347,29 +351,26 @@ def _model_params(lm: LoadedModel) -> dict:
             "vocab": s.vocab}
 
 
-def cached_drift(lm: LoadedModel, prompt_ids, skip, cfg: DriftConfig = DriftConfig(),
-                 use_cache: bool = True, progress=None, variant: str = "pop",
+def cached_drift(lm: LoadedModel, prompt_ids, setting: RunSetting,
+                 cfg: DriftConfig = DriftConfig(), use_cache: bool = True, progress=None,
                  notice=None) -> tuple[DriftResult, bool]:
     """drift() through the results store; the bool says whether it was a cache hit.
     notice(line) hears about an ignored entry or a cache that cannot be written."""
     ids = [int(t) for t in prompt_ids]
     params = {**_model_params(lm), "prompt_sha": _sha(json.dumps(ids)), "prompt_tokens": len(ids),
-              "skip": sorted(int(i) for i in skip), "config": asdict(cfg),
-              **_variant_params(lm, variant, skip)}
+              "skip": list(setting.skip), "config": asdict(cfg), **_variant_params(lm, setting)}
     expect = {"model": lm.name, "prompt_tokens": len(ids), "skip_layers": params["skip"]}
     payload, hit = store.cached(
-        KIND, params, lambda: drift(lm, ids, skip, cfg, progress, variant).to_dict(), use_cache,
+        KIND, params, lambda: drift(lm, ids, setting, cfg, progress).to_dict(), use_cache,
         lambda p: check(KIND, DriftResult, p, lm.adapter.n_layers, expect), notice)
     return DriftResult.from_dict(payload), hit
 
 
-def _variant_params(lm: LoadedModel, variant: str, skip) -> dict:
+def _variant_params(lm: LoadedModel, setting: RunSetting) -> dict:
     """Key parts of pop_repair: the repair in use (none for pop: earlier entries stay valid)."""
-    if variant not in ("pop", "pop_repair"):
-        raise DriftError(f"drift compares pop or pop_repair with the full model, not {variant!r}")
-    if variant == "pop":
+    if _comparable(setting).variant == "pop":
         return {}
-    return {"variant": variant, "repair": repair_maps(lm.adapter, skip).tag}
+    return {"variant": str(setting.variant), "repair": repair_maps(lm.adapter, setting.skip).tag}
 
 
 def list_drifts() -> list[dict]:

@@ -9,11 +9,22 @@ from typing import TYPE_CHECKING
 
 from pop_analysis.data.prompts import BUILTIN_NAME, jsonl_records, load_prompts
 from pop_analysis.data.readers import MAX_TEXT_CHARS, read_text
-from pop_analysis.inspection.drift import (KIND_BY_LENGTH, DriftConfig, DriftError, _check, _drift,
-    _mean, _model_params, _nums, _sha)
+from pop_analysis.inspection.drift import (
+    KIND_BY_LENGTH,
+    DriftConfig,
+    DriftError,
+    _check,
+    _drift,
+    _mean,
+    _model_params,
+    _nums,
+    _sha,
+    _variant_params,
+)
 from pop_analysis.progress import Cancelled, Tracker
 from pop_analysis.store import results as store
 from pop_analysis.store.records import check
+from pop_vllm.run_setting import RunSetting
 
 if TYPE_CHECKING:
     from pop_analysis.engine.models import LoadedModel
@@ -93,16 +104,17 @@ def _tokenize_prefix(tok, texts: list[str], n_tokens: int) -> list[int]:
         budget *= 2
 
 
-def drift_by_length(lm: LoadedModel, lengths: list[int], skip, cfg: DriftConfig = DriftConfig(),
-                    text_source: str | None = None, progress=None) -> list[dict]:
+def drift_by_length(lm: LoadedModel, lengths: list[int], setting: RunSetting,
+                    cfg: DriftConfig = DriftConfig(), text_source: str | None = None,
+                    progress=None) -> list[dict]:
     """Block-mean drift for prompts of increasing length, one dict per length."""
-    return _by_length(lm, lengths, skip, cfg, *read_texts(text_source), progress)
+    return _by_length(lm, lengths, setting, cfg, *read_texts(text_source), progress)
 
 
-def _by_length(lm: LoadedModel, lengths, skip, cfg: DriftConfig, texts: list[str], name: str,
-               progress) -> list[dict]:
+def _by_length(lm: LoadedModel, lengths, setting: RunSetting, cfg: DriftConfig, texts: list[str],
+               name: str, progress) -> list[dict]:
     for n in lengths:  # every length is checked before any prompt is built
-        _check(lm.adapter, int(n), skip, cfg)
+        _check(lm.adapter, int(n), setting, cfg)
     prompts, repeated = length_prompts(lm, list(lengths), texts)
     # A prompt step costs its prefill (weight: its tokens), a decode step about one token.
     plan = {"prompt": 2.0 * sum(lengths), "decode": 2.0 * (cfg.decode_steps - 1) * len(lengths)}
@@ -114,7 +126,7 @@ def _by_length(lm: LoadedModel, lengths, skip, cfg: DriftConfig, texts: list[str
             tracker.step(1, f"{n} tokens, {msg}", kind="prompt" if prompt else "decode",
                          weight=n if prompt else 1)
         try:
-            r = _drift(lm, ids, skip, cfg, tick)
+            r = _drift(lm, ids, setting, cfg, tick)
         except Cancelled as c:
             raise c.keep(rows or None)  # the lengths finished so far
         rows.append({"length": n, **r.block_means(), "kl": _mean(r.kl),
@@ -125,18 +137,18 @@ def _by_length(lm: LoadedModel, lengths, skip, cfg: DriftConfig, texts: list[str
     return rows
 
 
-def cached_drift_by_length(lm: LoadedModel, lengths: list[int], skip,
+def cached_drift_by_length(lm: LoadedModel, lengths: list[int], setting: RunSetting,
                            cfg: DriftConfig = DriftConfig(), text_source: str | None = None,
                            use_cache: bool = True,
                            progress=None, notice=None) -> tuple[list[dict], bool]:
     """drift_by_length() through the results store, keyed by the texts' fingerprint."""
     texts, name = read_texts(text_source)  # read once: for the key and for the run
     params = {**_model_params(lm), "lengths": [int(n) for n in lengths],
-              "skip": sorted(int(i) for i in skip), "config": asdict(cfg),
+              "skip": list(setting.skip), "config": asdict(cfg), **_variant_params(lm, setting),
               "text_sha": _sha(json.dumps(texts))}
 
     def compute() -> dict:
-        return {"rows": _by_length(lm, lengths, skip, cfg, texts, name, progress)}
+        return {"rows": _by_length(lm, lengths, setting, cfg, texts, name, progress)}
 
     payload, hit = store.cached(KIND_BY_LENGTH, params, compute, use_cache, lambda p: check(
         KIND_BY_LENGTH, None, p, expect={"lengths": params["lengths"]}), notice)

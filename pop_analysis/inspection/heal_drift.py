@@ -11,7 +11,7 @@ import torch
 from pop_analysis.engine.heal import heal_greedy, heal_prompt
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import check_prompt, teacher_force
-from pop_vllm.healing import Heal
+from pop_vllm.run_setting import RunSetting
 
 
 @dataclass
@@ -28,17 +28,18 @@ class HealDrift:
 
 
 @torch.inference_mode()
-def healing_drift(lm: LoadedModel, prompt_ids: list[int], skip, heal: Heal,
+def healing_drift(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting,
                   n_new: int = 16) -> HealDrift:
-    """Run POP with `heal` for n_new greedy tokens and record the prompt rows' drift per step."""
+    """Run `setting` (POP with its healing) for n_new greedy tokens and record the prompt rows'
+    drift per step."""
     a = lm.adapter
     check_prompt(a, len(prompt_ids), n_new)
     ids = torch.tensor([prompt_ids], device=a.device)  # (1, N)
     n = len(prompt_ids)
     ref = a.new_cache()
     teacher_force(a, ids, ref, 0)  # the full model's rows of the prompt positions
-    first, healer = heal_prompt(a, ids, "pop", skip, heal)
-    out = HealDrift(lm.name, n, sorted(skip), heal.as_dict())
+    first, healer = heal_prompt(a, ids, setting)
+    out = HealDrift(lm.name, n, list(setting.skip), setting.heal.as_dict())
     layers = range(a.n_layers)
 
     def record(tokens_out: int) -> None:

@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
-from pop_analysis.engine.pop import check_prompt, decode_drop, run_prompt, teacher_force
+from pop_analysis.engine.hooks import Hooks
+from pop_analysis.engine.pop import check_prompt, run_prompt, teacher_force
+from pop_vllm.run_setting import RunSetting
 
 if TYPE_CHECKING:
     from pop_analysis.engine.models import LoadedModel
 
+FULL = RunSetting.full()
 MAX_TOKENS = 64  # tokens traced at most: the lens runs lm_head once per layer and token
 
 
@@ -58,29 +61,26 @@ class _Record:
 @contextmanager
 def _recording(adapter: DecoderAdapter):
     rec = _Record()
-    handles = [adapter.layers[i].register_forward_hook(partial(rec.on_layer, i))
-               for i in range(adapter.n_layers)]
-    try:
+    with Hooks() as hooks:
+        for i in range(adapter.n_layers):
+            hooks.after(adapter.layers[i], partial(rec.on_layer, i))
         yield rec
-    finally:
-        for h in handles:
-            h.remove()
 
 
 @torch.inference_mode()
 def layer_states(adapter: DecoderAdapter, prompt_ids: list[int], generated: list[int],
-                 variant: str = "full", skip=()) -> torch.Tensor:
+                 setting: RunSetting = FULL) -> torch.Tensor:
     """(L, T, D): layer outputs at x_N and at generated tokens 0..T-2, the positions that
     predict generated tokens 0..T-1. A layer that did not run (skipped, dropped) passes its
     input on, as the runtime does."""
     check_prompt(adapter, len(prompt_ids), len(generated))
     ids = torch.tensor([list(prompt_ids)], device=adapter.device)  # (1, N)
     with _recording(adapter) as rec:
-        first = run_prompt(adapter, ids, variant, skip)
+        first = run_prompt(adapter, ids, setting)
         rec.phase = "decode"
         if len(generated) > 1:
             fed = torch.tensor([list(generated[:-1])], device=adapter.device)  # (1, T-1)
-            teacher_force(adapter, fed, first.cache, first.position, decode_drop(variant, skip))
+            teacher_force(adapter, fed, first.cache, first.position, setting.decode_drop)
     h_prompt = adapter.embed(ids[:, -1:])[0, 0]  # (D,) layer 0's input at x_N
     h_dec = adapter.embed(torch.tensor([list(generated[:-1])], device=adapter.device))[0] \
         if len(generated) > 1 else None  # (T-1, D)
@@ -96,14 +96,14 @@ def layer_states(adapter: DecoderAdapter, prompt_ids: list[int], generated: list
 
 
 @torch.inference_mode()
-def trace(lm: LoadedModel, prompt_ids: list[int], generated: list[int], variant: str = "full",
-          skip=(), k: int = 5, max_tokens: int = MAX_TOKENS) -> LensTrace:
-    """The lens of one variant over (the first `max_tokens` of) a generated sequence."""
+def trace(lm: LoadedModel, prompt_ids: list[int], generated: list[int],
+          setting: RunSetting = FULL, k: int = 5, max_tokens: int = MAX_TOKENS) -> LensTrace:
+    """The lens of one setting over (the first `max_tokens` of) a generated sequence."""
     if not generated:
         raise ValueError("nothing generated to trace")
     gen = list(generated[:max_tokens])
     adapter = lm.adapter
-    states = layer_states(adapter, prompt_ids, gen, variant, skip)  # (L, T, D)
+    states = layer_states(adapter, prompt_ids, gen, setting)  # (L, T, D)
     target = torch.tensor(gen)  # (T,)
     top1, prob = [], []
     for i in range(adapter.n_layers):
@@ -113,7 +113,7 @@ def trace(lm: LoadedModel, prompt_ids: list[int], generated: list[int], variant:
         prob.append(p.gather(1, target[:, None])[:, 0].tolist())  # (T,)
     final = torch.topk(p, min(k, p.shape[-1]), dim=-1)  # values, indices: (T, k)
     is_top = torch.stack(top1)  # (L, T)
-    return LensTrace(variant, sorted(int(i) for i in skip), gen,
+    return LensTrace(str(setting.variant), list(setting.skip), gen,
                      [first_layer(is_top[:, t]) for t in range(len(gen))],
                      [commit_layer(is_top[:, t]) for t in range(len(gen))], prob,
                      [list(zip(final.indices[t].tolist(), final.values[t].tolist()))

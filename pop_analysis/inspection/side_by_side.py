@@ -17,7 +17,7 @@ from pop_analysis.speed.timing import TimingConfig
 from pop_analysis.store import results as store
 from pop_analysis.store.records import check
 from pop_analysis.store.schema import Record
-from pop_vllm.healing import NO_HEAL, Heal
+from pop_vllm.run_setting import RunSetting
 
 KIND = "generation"
 TIMING = TimingConfig(min_rounds=3, budget_s=2.0, warmup=0)  # the two runs have just warmed up
@@ -42,15 +42,15 @@ class GenerationResult(Record):
     speed: dict | None = None  # PrefillSpeed.to_dict(): TTFT full vs variant by the protocol
 
 
-def run_variant(lm: LoadedModel, prompt_ids: list[int], variant: str, skip, cfg: SamplingConfig,
-                on_token=None, heal: Heal = NO_HEAL) -> dict:
-    """One variant with call counting on; `on_token(ids_so_far)` after each token. With `heal`,
-    the result's "heal" holds what healing did (engine/heal.py's report)."""
+def run_variant(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting, cfg: SamplingConfig,
+                on_token=None) -> dict:
+    """One setting with call counting on; `on_token(ids_so_far)` after each token. When the
+    setting heals, the result's "heal" holds what healing did (engine/heal.py's report)."""
     ids: list[int] = []
     times: list[float] = []
     report = None
     with count_calls(lm.adapter) as counts:
-        for tok in generate(lm, prompt_ids, variant, skip, cfg, counts=counts, heal=heal):
+        for tok in generate(lm, prompt_ids, setting, cfg, counts=counts):
             ids.append(tok.token_id)
             times.append(tok.elapsed_s)
             report = tok.heal
@@ -58,7 +58,8 @@ def run_variant(lm: LoadedModel, prompt_ids: list[int], variant: str, skip, cfg:
                 on_token(ids)
     ttft = times[0] if times else 0.0
     decode_s = times[-1] - ttft if times else 0.0
-    return {"variant": variant, "skip": list(skip), "token_ids": ids, "times": times,
+    return {"variant": str(setting.variant), "skip": list(setting.skip), "token_ids": ids,
+            "times": times,
             "ttft_s": ttft, "decode_s": decode_s,
             "decode_tok_s": (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else None,
             "counts": counts.as_dict(), "heal": report}
@@ -68,25 +69,27 @@ def text_of(lm: LoadedModel, ids: list[int]) -> str:
     return lm.tokenizer.decode(ids, skip_special_tokens=True) if lm.tokenizer else ""
 
 
-def compare(lm: LoadedModel, prompt: str, ids: list[int], variant: str, skip, cfg: SamplingConfig,
-            label: str, short: str, settings: dict, timing: TimingConfig = TIMING) -> GenerationResult:
-    """Full model, then `variant`, on the same prompt ids; then the protocol on them."""
-    full = run_variant(lm, ids, "full", (), cfg)
-    other = run_variant(lm, ids, variant, skip, cfg)
-    speed = time_prefill(lm, torch.tensor([ids], device=lm.device), variant, skip, timing)
-    return GenerationResult(lm.name, prompt, list(ids), variant, label, short, list(skip),
+def compare(lm: LoadedModel, prompt: str, ids: list[int], setting: RunSetting,
+            cfg: SamplingConfig, label: str, short: str, settings: dict,
+            timing: TimingConfig = TIMING) -> GenerationResult:
+    """Full model, then `setting`, on the same prompt ids; then the protocol on them."""
+    full = run_variant(lm, ids, RunSetting.full(), cfg)
+    other = run_variant(lm, ids, setting, cfg)
+    speed = time_prefill(lm, torch.tensor([ids], device=lm.device), setting, timing)
+    return GenerationResult(lm.name, prompt, list(ids), str(setting.variant), label, short,
+                            list(setting.skip),
                             dict(settings), full, other, text_of(lm, full["token_ids"]),
                             text_of(lm, other["token_ids"]), speed.to_dict())
 
 
-def cached_generation(lm: LoadedModel, prompt: str, ids: list[int], variant: str, skip,
+def cached_generation(lm: LoadedModel, prompt: str, ids: list[int], setting: RunSetting,
                       cfg: SamplingConfig, label: str, short: str, settings: dict,
                       use_cache: bool = True, notice=None) -> tuple[GenerationResult, bool]:
     """compare() through the results store."""
-    params = {"model": lm.name, "card": lm.card(), "prompt_ids": list(ids), "variant": variant,
-              "skip": sorted(skip), "sampling": asdict(cfg)}
+    params = {"model": lm.name, "card": lm.card(), "prompt_ids": list(ids),
+              "variant": str(setting.variant), "skip": list(setting.skip), "sampling": asdict(cfg)}
     payload, hit = store.cached(
-        KIND, params, lambda: compare(lm, prompt, ids, variant, skip, cfg, label, short,
+        KIND, params, lambda: compare(lm, prompt, ids, setting, cfg, label, short,
                                       settings).to_dict(), use_cache,
         lambda p: check(KIND, GenerationResult, p, lm.adapter.n_layers, {"model": lm.name}),
         notice)

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from functools import partial
 
 from pop_analysis.engine.adapter import DecoderAdapter
+from pop_analysis.engine.hooks import Hooks
 
 PARTS = ("attention", "ffn", "kv", "int8")  # kv: the K/V projection alone (h passes the layer
 # unchanged); int8: the layer's int8 copy (attention + FFN) ran instead of the fp32 layer
@@ -75,18 +76,14 @@ def log_positions(adapter: DecoderAdapter, counts, twins=None):
     CallCounts the engine is told the stage through (engine.counters.count_calls). `twins`
     {layer: int8 copy} are hooked too: their calls are logged as the part "int8"."""
     log = PositionLog(counts)
-    handles = [adapter.rotary_module().register_forward_pre_hook(log.on_rope, with_kwargs=True)]
-    for i in range(adapter.n_layers):
-        handles.append(adapter.attention(i).register_forward_pre_hook(
-            partial(_start, log, i)))
-        handles.append(adapter.attention(i).register_forward_hook(partial(_part, log, "attention", i)))
-        handles.append(adapter.ffn(i).register_forward_hook(partial(_part, log, "ffn", i)))
-        for m in (adapter.k_proj(i), *adapter.kv_map_modules(i)):
-            handles.append(m.register_forward_hook(partial(_part, log, "kv", i)))
-    for i, twin in (twins or {}).items():
-        handles.append(twin.self_attn.register_forward_hook(partial(_part, log, "int8", i)))
-    try:
+    with Hooks() as hooks:
+        hooks.before(adapter.rotary_module(), log.on_rope, with_kwargs=True)
+        for i in range(adapter.n_layers):
+            hooks.before(adapter.attention(i), partial(_start, log, i))
+            hooks.after(adapter.attention(i), partial(_part, log, "attention", i))
+            hooks.after(adapter.ffn(i), partial(_part, log, "ffn", i))
+            for m in (adapter.k_proj(i), *adapter.kv_map_modules(i)):
+                hooks.after(m, partial(_part, log, "kv", i))
+        for i, twin in (twins or {}).items():
+            hooks.after(twin.self_attn, partial(_part, log, "int8", i))
         yield log
-    finally:
-        for h in handles:
-            h.remove()

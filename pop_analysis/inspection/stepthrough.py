@@ -25,8 +25,8 @@ import torch
 from pop_analysis.engine.counters import count_calls
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import PromptError, decode_step, run_prompt
-from pop_analysis.engine.precision import Configuration, Precision, twins as int8_twins
-from pop_analysis.engine.skipset import validate
+from pop_analysis.engine.precision import Configuration, Precision
+from pop_analysis.engine.precision import twins as int8_twins
 from pop_analysis.inspection.step_frames import frames  # noqa: F401 - part of this module's API
 from pop_analysis.inspection.step_log import log_positions
 from pop_analysis.progress import Tracker
@@ -37,6 +37,7 @@ from pop_analysis.speed.roofline import chunk_ops, embed_ops, head_ops, total_fl
 from pop_analysis.speed.timing import TimingConfig, judge, other_cpu_seconds
 from pop_analysis.store import results as store
 from pop_analysis.store.schema import Record
+from pop_vllm.run_setting import RunSetting
 
 KIND = "stepthrough"
 MIN_TOKENS, MAX_TOKENS = 2, 48  # one grid column per token: 48 still read at a projector's width
@@ -117,17 +118,17 @@ def _top(lm: LoadedModel, logits: torch.Tensor, k: int) -> list[list]:
 
 
 @torch.inference_mode()
-def trace(lm: LoadedModel, ids: list[int], run: str, skip,
+def trace(lm: LoadedModel, ids: list[int], run: str, setting: RunSetting,
           cfg: StepConfig) -> tuple[list[dict], list[int]]:
-    """One hooked run of `run` ("full" or "pop"): its steps (grid, calls, picked token, top-k)
-    and, per layer, the positions its cache holds at the end."""
+    """One hooked run of `setting`, labelled `run` ("full" or "pop"): its steps (grid, calls,
+    picked token, top-k) and, per layer, the positions its cache holds at the end."""
     adapter = lm.adapter
     t = torch.tensor([ids], device=adapter.device)  # (1, N)
     picks = {}
     prec = _precision(run, cfg)
     with count_calls(adapter) as counts, log_positions(adapter, counts,
                                                        int8_twins(adapter, prec)) as log:
-        first = run_prompt(adapter, t, run, skip, counts=counts, precision=prec)
+        first = run_prompt(adapter, t, setting, counts=counts, precision=prec)
         nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
         picks[counts.stage] = (first.logits, nxt)
         for j in range(cfg.decode_steps):
@@ -170,13 +171,13 @@ def _precision(run: str, cfg: StepConfig) -> Precision | None:
 
 
 @torch.inference_mode()
-def _timed(lm: LoadedModel, t: torch.Tensor, run: str, skip, cfg: StepConfig,
+def _timed(lm: LoadedModel, t: torch.Tensor, run: str, setting: RunSetting, cfg: StepConfig,
            clock) -> list[float]:
     """Seconds of each step of one run without hooks: the prompt's stages, then decode steps."""
     adapter = lm.adapter
     decode_steps = cfg.decode_steps
     marks = _Marks(clock)
-    first = run_prompt(adapter, t, run, skip, counts=marks, precision=_precision(run, cfg))
+    first = run_prompt(adapter, t, setting, counts=marks, precision=_precision(run, cfg))
     nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
     nxt.tolist()  # the token is on the host: the step has ended
     ends = [clock()]
@@ -192,6 +193,7 @@ def _timed(lm: LoadedModel, t: torch.Tensor, run: str, skip, cfg: StepConfig,
 def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
                tracker=None) -> tuple[dict, dict]:
     """({run: per step, seconds per round}, the protocol's verdict on the TTFTs)."""
+    settings = run_settings(skip)
     t = torch.tensor([ids], device=lm.adapter.device)  # (1, N)
     clock = device_clock(lm.device)
     times = {run: [] for run in RUNS}
@@ -200,7 +202,7 @@ def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
     for r in range(1 + cfg.rounds):  # round 0 is the warm-up
         order = RUNS if r % 2 == 0 else RUNS[::-1]
         for run in order:
-            got = _timed(lm, t, run, skip, cfg, clock)
+            got = _timed(lm, t, run, settings[run], cfg, clock)
             if r:
                 times[run].append(got)
         if r:
@@ -251,14 +253,14 @@ def record(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig = StepConfig()
     """The step-through of `ids` (MIN_TOKENS..MAX_TOKENS tokens) with skip set `skip`."""
     t0 = time.perf_counter()
     n_layers = lm.adapter.n_layers
-    skip = validate(skip, n_layers)
+    skip = RunSetting(skip).check(n_layers).skip
     if not MIN_TOKENS <= len(ids) <= MAX_TOKENS:
         raise PromptError(f"the step-through takes {MIN_TOKENS}-{MAX_TOKENS} tokens, got {len(ids)}")
     steps, lengths = [], {}
     tracker = Tracker(len(RUNS) + 1 + cfg.rounds, progress, "recording",
                       plan={"recording": len(RUNS), "timing": 2 * (1 + cfg.rounds)})
     for run in RUNS:
-        got, lengths[run] = trace(lm, ids, run, skip, cfg)
+        got, lengths[run] = trace(lm, ids, run, run_settings(skip)[run], cfg)
         steps += got
         tracker.step(1, f"recorded the {run} run", kind="recording")
     times, ttft = time_steps(lm, ids, skip, cfg, tracker)
@@ -285,7 +287,12 @@ def _ideal(lm: LoadedModel, n: int, skip, cfg: StepConfig) -> float:
     if cfg.int8:
         return precision_ideal(lm, n, Configuration("pop", "pop", tuple(skip),
                                                     Precision(tuple(cfg.int8))))
-    return ideal_speedup(lm.adapter.shape, n, skip) if skip else 1.0
+    return ideal_speedup(lm.adapter.shape, n, RunSetting(skip)) if skip else 1.0
+
+
+def run_settings(skip) -> dict[str, RunSetting]:
+    """The two runs a step-through shows, by their labels."""
+    return {"full": RunSetting.full(), "pop": RunSetting(skip)}
 
 
 # --- results store ----------------------------------------------------------------------------

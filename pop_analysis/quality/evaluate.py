@@ -20,14 +20,27 @@ import torch
 
 from pop_analysis.engine.generate import eos_ids
 from pop_analysis.engine.models import LoadedModel
-from pop_analysis.engine.pop import (FirstStep, check_prompt, check_variant, decode_drop,
-    greedy_from, left_pad, run_prompt, teacher_force)
-from pop_analysis.engine.precision import Precision, check as check_precision, decode_twins
-from pop_analysis.engine.trunk import (borrow_lower, continue_from, full_chunk, prompt_from,
-    start_layer)
+from pop_analysis.engine.pop import (
+    FirstStep,
+    check_prompt,
+    greedy_from,
+    left_pad,
+    run_prompt,
+    teacher_force,
+)
+from pop_analysis.engine.precision import Precision, decode_twins
+from pop_analysis.engine.precision import check as check_precision
+from pop_analysis.engine.trunk import (
+    borrow_lower,
+    continue_from,
+    full_chunk,
+    prompt_from,
+    start_layer,
+)
 from pop_analysis.quality.answers import answer_matches
 from pop_analysis.quality.items import EvalDataError
 from pop_analysis.quality.metrics import agreement, self_fidelity, token_fidelity
+from pop_vllm.run_setting import RunSetting
 
 TOKEN_BUDGET = 2048  # padded tokens (prompt + continuation) per batch: bounds memory and padding
 MAX_BATCH = 16  # items per batch
@@ -43,23 +56,22 @@ def token_budget_for(vocab: int, token_budget: int = TOKEN_BUDGET) -> int:
 
 
 @dataclass(frozen=True)
-class Variant:
-    """One way to run the prompt."""
+class Arm:
+    """One arm of a comparison with the full model: a label and the run setting behind it."""
 
     name: str  # the label of its results ("pop", "shallow", "ratio 0.4" ...)
-    engine: str = "full"  # the pop.py variant
-    skip: tuple[int, ...] = ()  # layers it skips (empty for the full model)
+    setting: RunSetting = RunSetting.full()  # how it runs the prompt
     precision: Precision | None = None  # layers whose prompt runs in int8 (engine/precision.py)
 
 
-FULL = Variant("full")
+FULL = Arm("full")
 
 
 @dataclass
 class ItemScores:
     """Per-item values of one variant, in item order (None: not measured for that item)."""
 
-    variant: Variant
+    arm: Arm
     continuation_nll: list = field(default_factory=list)  # mean per-token NLL of the continuation
     teacher_forced_top1: list = field(default_factory=list)  # continuation tokens that are its argmax
     next_token_kl: list = field(default_factory=list)  # mean KL(full || variant) per token, nats
@@ -71,8 +83,8 @@ class ItemScores:
     outputs: list = field(default_factory=list)  # decoded greedy output
 
     @classmethod
-    def empty(cls, variant: Variant, n: int) -> "ItemScores":
-        s = cls(variant)
+    def empty(cls, arm: Arm, n: int) -> "ItemScores":
+        s = cls(arm)
         for name in PER_ITEM:
             setattr(s, name, [None] * n)
         return s
@@ -85,7 +97,8 @@ PER_ITEM = ("continuation_nll", "teacher_forced_top1", "next_token_kl", "next_to
 def evaluate_variants(lm: LoadedModel, items, variants, max_new_tokens: int = 32,
                       generate: bool = True, token_budget: int = TOKEN_BUDGET,
                       step=None) -> dict[str, ItemScores]:
-    """Every metric of each variant over `items`, batched; {name: ItemScores}, "full" included.
+    """Every metric of each arm (`variants`: Arms) over `items`, batched; {name: ItemScores},
+    "full" included.
 
     Items without reference_ids score the full model's greedy output (max_new_tokens, up to
     EOS) as their continuation. `generate=False` skips greedy decoding (agreement, answers)
@@ -97,8 +110,8 @@ def evaluate_variants(lm: LoadedModel, items, variants, max_new_tokens: int = 32
     if max_new_tokens < 1:
         raise EvalDataError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     for v in variants:
-        check_variant(v.engine)
-        check_precision(lm.adapter, v.engine, v.skip, v.precision)
+        v.setting.check(lm.adapter.n_layers)
+        check_precision(lm.adapter, v.setting.variant, v.setting.skip, v.precision)
     out = {v.name: ItemScores.empty(v, len(items)) for v in [FULL, *variants]}
     run = _BatchRun(lm, max_new_tokens, generate, step)
     budget = token_budget_for(lm.adapter.shape.vocab, token_budget)
@@ -107,7 +120,7 @@ def evaluate_variants(lm: LoadedModel, items, variants, max_new_tokens: int = 32
     return out
 
 
-def _unique(variants) -> list[Variant]:
+def _unique(variants) -> list[Arm]:
     """Variants other than the full model, each name once."""
     seen, out = set(), []
     for v in variants:
@@ -154,7 +167,7 @@ class _BatchRun:
         ids, mask = left_pad([list(it.prompt_ids) for it in items], self.pad or 0, a.device)  # (B, N)
         longest = max(max(len(it.reference_ids) for it in items), self.max_new)
         check_prompt(a, ids.shape[1], longest)
-        starts = {v.name: start_layer(a, v.engine, v.skip, v.precision) for v in variants}
+        starts = {v.name: start_layer(a, v.setting, v.precision) for v in variants}
         shared = sorted({s for s in starts.values() if s > 0})
         cache = a.new_cache()
         h, trunk = full_chunk(a, ids, cache, 0, mask, shared)  # (B, N, D), {layer: (B, N, D)}
@@ -168,10 +181,9 @@ class _BatchRun:
         full_lp, cont_trunk = self._full_logprobs(first, targets, mask, shared)  # (B, M, V)
         self._record(out["full"], items, idx, self_fidelity(full_lp, targets), valid, refs, refs)
         for v in variants:
-            s, drop = starts[v.name], decode_drop(v.engine, v.skip)
-            first = (prompt_from(a, trunk[s], s, v.engine, v.skip, mask, v.precision) if s else
-                     run_prompt(a, ids, v.engine, v.skip, attention_mask=mask,
-                                precision=v.precision))
+            s, drop = starts[v.name], v.setting.decode_drop
+            first = (prompt_from(a, trunk[s], s, v.setting, mask, v.precision) if s else
+                     run_prompt(a, ids, v.setting, attention_mask=mask, precision=v.precision))
             self.twins = decode_twins(a, v.precision)  # {} unless uniform int8 (a baseline)
             outs = self._greedy(first, drop, prompt_cache, s) if self.generate else None
             lp = self._logprobs(first, targets, mask, drop, cont_trunk.get(s), s)  # (B, M, V)

@@ -14,9 +14,9 @@ import torch
 
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import LoadedModel
-from pop_analysis.engine.pop import (check_prompt, check_variant, decode_drop, run_prompt,
-    teacher_force)
+from pop_analysis.engine.pop import check_prompt, run_prompt, teacher_force
 from pop_analysis.quality.items import EvalDataError
+from pop_vllm.run_setting import RunSetting
 
 
 @dataclass
@@ -43,23 +43,22 @@ class ContinuationScore:
 
 
 @torch.inference_mode()
-def score_continuations(lm: LoadedModel, prompt_ids, continuations, variant: str = "pop",
-                        skip=()) -> list[ContinuationScore]:
+def score_continuations(lm: LoadedModel, prompt_ids, continuations,
+                        setting: RunSetting) -> list[ContinuationScore]:
     """Score several continuations of one prompt, sharing one (pruned) prefill.
 
     The prompt runs through `run_prompt` (the variant's prefill + boundary step); each
     continuation is then teacher-forced in one chunk through the full model (static: minus skip).
     """
-    check_variant(variant)
     conts = [list(c) for c in continuations]
     if not conts or any(len(c) == 0 for c in conts):
         raise EvalDataError("every continuation to score needs at least one token")
     adapter = lm.adapter
     check_prompt(adapter, len(prompt_ids), max(len(c) for c in conts))
     ids = torch.tensor([list(prompt_ids)], device=adapter.device)  # (1, N)
-    first = run_prompt(adapter, ids, variant, skip)
+    first = run_prompt(adapter, ids, setting)
     first_lp = torch.log_softmax(first.logits[0], -1)  # (V,)
-    drop = decode_drop(variant, skip)
+    drop = setting.decode_drop
     out = []
     for j, cont in enumerate(conts):
         # teacher_force appends to the cache: later continuations need an untouched copy.
@@ -75,17 +74,16 @@ def score_continuations(lm: LoadedModel, prompt_ids, continuations, variant: str
     return out
 
 
-def continuation_nll(lm: LoadedModel, prompt_ids, continuation, variant: str = "pop",
-                     skip=()) -> float:
-    """Mean per-token NLL of `continuation` given `prompt_ids` under one variant."""
-    return score_continuations(lm, prompt_ids, [continuation], variant, skip)[0].nll
+def continuation_nll(lm: LoadedModel, prompt_ids, continuation, setting: RunSetting) -> float:
+    """Mean per-token NLL of `continuation` given `prompt_ids` under one setting."""
+    return score_continuations(lm, prompt_ids, [continuation], setting)[0].nll
 
 
-def greedy_tokens(lm: LoadedModel, prompt_ids, variant: str = "pop", skip=(),
-                  max_new_tokens: int = 32, stop_at_eos: bool = True) -> list[int]:
-    """The variant's greedy continuation (POP generation: pruned prefill, full decode)."""
+def greedy_tokens(lm: LoadedModel, prompt_ids, setting: RunSetting, max_new_tokens: int = 32,
+                  stop_at_eos: bool = True) -> list[int]:
+    """The setting's greedy continuation (POP generation: pruned prefill, full decode)."""
     cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0, stop_at_eos=stop_at_eos)
-    return run(lm, list(prompt_ids), variant, skip, cfg).token_ids
+    return run(lm, list(prompt_ids), setting, cfg).token_ids
 
 
 @dataclass(frozen=True)
@@ -106,13 +104,13 @@ def agreement(reference, output) -> Agreement:
     return Agreement(matches / max(len(ref), len(out)), first, False)
 
 
-def choose(lm: LoadedModel, context_ids, choices, variant: str = "pop", skip=(),
+def choose(lm: LoadedModel, context_ids, choices, setting: RunSetting,
            length_normalise: bool = False) -> tuple[int, list[float]]:
     """Multiple choice by log-likelihood: (index of the best choice, score of each choice).
 
     Scores are summed log-probabilities (or per-token means when `length_normalise`).
     """
-    scored = score_continuations(lm, context_ids, choices, variant, skip)
+    scored = score_continuations(lm, context_ids, choices, setting)
     vals = [s.total_logprob / (len(s.token_ids) if length_normalise else 1) for s in scored]
     return max(range(len(vals)), key=vals.__getitem__), vals
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.quality import stats
 from pop_analysis.quality.evalsets import gsm8k_fewshot_set
-from pop_analysis.quality.evaluate import FULL, ItemScores, Variant, evaluate_variants
+from pop_analysis.quality.evaluate import FULL, Arm, ItemScores, evaluate_variants
+from pop_vllm.run_setting import RunSetting
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def metric_fields(scores: ItemScores, full: ItemScores | None = None,
         out[f"{name}_ci"] = _ci(lambda: estimate(values, m.binary, m.bounds))
         if not m.paired:
             continue
-        compare = full is not None and scores.variant.name != FULL.name
+        compare = full is not None and scores.arm.name != FULL.name
         d = _interval(lambda: delta(getattr(scores, m.source), getattr(full, m.source),
                                     m.binary)) if compare else None
         out[f"{name}_delta"] = _paired_mean(getattr(scores, m.source), getattr(full, m.source)) \
@@ -98,17 +99,17 @@ def _paired_mean(values, full_values) -> float | None:
     return sum(a - b for a, b in pairs) / len(pairs) if pairs else None
 
 
-def gsm8k_exact_match(lm: LoadedModel, n_samples: int = 8, variant: str = "pop", skip=(),
-                      n_shot: int = 0, max_new_tokens: int = 256, source: str = "gsm8k",
-                      raw: bool = False) -> dict:
-    """GSM8K accuracy with POP generation (batched), its 95% interval and, for a variant other
-    than full, the paired difference from the full model on the same questions."""
+def gsm8k_exact_match(lm: LoadedModel, setting: RunSetting, n_samples: int = 8, n_shot: int = 0,
+                      max_new_tokens: int = 256, source: str = "gsm8k", raw: bool = False) -> dict:
+    """GSM8K accuracy with POP generation (batched), its 95% interval and, for a setting other
+    than the full model, the paired difference from the full model on the same questions."""
     evalset = gsm8k_fewshot_set(lm, n_samples, n_shot, source, raw)
-    v = Variant(variant, variant, tuple(skip)) if variant != "full" else FULL
+    v = Arm(str(setting.variant), setting) if setting.variant != "full" else FULL
     scores = evaluate_variants(lm, evalset.items, [v], max_new_tokens)
     fields = metric_fields(scores[v.name], scores["full"], "exact_match")
-    return {"variant": variant, "skip_layers": sorted(skip), "n": len(evalset.items),
-            "n_shot": n_shot, "note": evalset.note, "outputs": scores[v.name].outputs,
+    return {"variant": str(setting.variant), "skip_layers": list(setting.skip),
+            "n": len(evalset.items), "n_shot": n_shot, "note": evalset.note,
+            "outputs": scores[v.name].outputs,
             **{k: fields.get(k) for k in ("exact_match", "exact_match_ci", "exact_match_delta",
                                           "exact_match_delta_ci", "exact_match_delta_p")}}
 

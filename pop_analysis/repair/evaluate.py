@@ -19,10 +19,12 @@ from scipy import stats as st
 
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.quality import stats
-from pop_analysis.quality.evaluate import Variant, evaluate_variants
+from pop_analysis.quality.evaluate import Arm, evaluate_variants
 from pop_analysis.quality.summary import metric_fields
 from pop_analysis.repair.fit import Repair
 from pop_analysis.repair.store import attach
+from pop_vllm.run_setting import RunSetting
+from pop_vllm.variants import Variant
 
 
 def _ratio_of_means(a, b, axis=-1):
@@ -64,12 +66,12 @@ def compare(lm: LoadedModel, items, skip, repairs: dict[str, Repair], max_new_to
     out: dict = {}
     for k, (name, rep) in enumerate(repairs.items()):
         attach(lm, rep, skip)
-        variants = ([Variant("pop", "pop", skip)] if k == 0 else []) + [
-            Variant(name, "pop_repair", skip)]
+        variants = ([Arm("pop", RunSetting(skip))] if k == 0 else []) + [
+            Arm(name, RunSetting(skip, Variant.POP_REPAIR))]
         scores = evaluate_variants(lm, items, variants, max_new_tokens, generate=generate)
         out.update(scores if k == 0 else {name: scores[name]})
     if not repairs:
-        out.update(evaluate_variants(lm, items, [Variant("pop", "pop", skip)], max_new_tokens,
+        out.update(evaluate_variants(lm, items, [Arm("pop", RunSetting(skip))], max_new_tokens,
                                      generate=generate))
     return out
 

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
+from pop_analysis.engine.checkpoint import kv_weights
+from pop_analysis.engine.hooks import Hooks
 from pop_analysis.engine.pop import RepairError, left_pad, prefill
 from pop_analysis.engine.skipset import describe
 from pop_analysis.progress import Tracker
@@ -220,12 +222,12 @@ def collect(lm: LoadedModel, sequences, skip, max_tokens: int = 32768, progress=
     skip = check_block(skip, adapter.n_layers)
     work = sorted(_budget(sequences, max_tokens), key=lambda r: len(r[0]))
     tracker = Tracker(len(work), progress, "collecting activations")
-    rec, handles = _Recorder(), []
-    try:
-        handles.append(adapter.input_norm(skip[0]).register_forward_pre_hook(rec.on_norm_input))
+    rec = _Recorder()
+    with Hooks() as hooks:
+        hooks.before(adapter.input_norm(skip[0]), rec.on_norm_input)
         for i in skip:
-            handles.append(adapter.k_proj(i).register_forward_hook(partial(rec.on_proj, f"k{i}")))
-            handles.append(adapter.v_proj(i).register_forward_hook(partial(rec.on_proj, f"v{i}")))
+            hooks.after(adapter.k_proj(i), partial(rec.on_proj, f"k{i}"))
+            hooks.after(adapter.v_proj(i), partial(rec.on_proj, f"v{i}"))
         for b in range(0, len(work), batch_size):
             chunk = work[b: b + batch_size]
             ids, mask = left_pad([seq for seq, _, _ in chunk], device=adapter.device)  # (B, T)
@@ -233,9 +235,6 @@ def collect(lm: LoadedModel, sequences, skip, max_tokens: int = 32768, progress=
             prefill(adapter, ids, adapter.new_cache(), attention_mask=mask)  # the full model
             rec.rows["w"].extend(torch.tensor(w, dtype=torch.float) for _, _, w in chunk)
             tracker.step(len(chunk), f"{sum(len(w) for w in rec.rows['w'])} tokens")
-    finally:
-        for h in handles:
-            h.remove()
     if not rec.rows["w"]:
         raise RepairDataError("the calibration set gave no tokens")
     cat = {name: torch.cat(rows) for name, rows in rec.rows.items()}  # (T, F) each, w (T,)
@@ -325,14 +324,23 @@ def model_identity(lm: LoadedModel) -> dict:
     """What a repair must match: shape, and a fingerprint of the first and last layers' K/V
     weights rounded to bfloat16 (so float32 and bfloat16 loads of one checkpoint agree)."""
     a = lm.adapter
-    h = hashlib.sha256()
-    for i in (0, a.n_layers - 1):
-        for proj in (a.k_proj(i), a.v_proj(i)):
-            w = proj.weight.detach().to("cpu", torch.bfloat16).view(torch.int16)
-            h.update(w.numpy().tobytes())
+    weights = [p.weight for i in (0, a.n_layers - 1) for p in (a.k_proj(i), a.v_proj(i))]
     s = a.shape
-    return {"name": lm.name, "fingerprint": h.hexdigest()[:16], "layers": s.n_layers,
+    return {"name": lm.name, "fingerprint": fingerprint(weights), "layers": s.n_layers,
             "hidden": s.hidden, "kv_dim": s.n_kv_heads * s.head_dim}
+
+
+def fingerprint(weights) -> str:
+    """The identity hash of [k_0, v_0, k_last, v_last] projection weights."""
+    h = hashlib.sha256()
+    for w in weights:
+        h.update(w.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def checkpoint_fingerprint(directory, n_layers: int) -> str:
+    """`model_identity`'s fingerprint read from a saved checkpoint, no model built (serving)."""
+    return fingerprint(kv_weights(directory, (0, n_layers - 1)))
 
 
 def fit_repair(lm: LoadedModel, skip, cfg: RepairConfig = RepairConfig(), progress=None,

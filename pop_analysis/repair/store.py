@@ -17,11 +17,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from pop_analysis.engine.pop import RepairError
-from pop_analysis.engine.weight_values import nonfinite_tensor
 from pop_analysis.engine.skipset import describe
+from pop_analysis.engine.weight_values import nonfinite_tensor
 from pop_analysis.errors import first_line
-from pop_analysis.repair.fit import (Repair, RepairConfig, calibration, check_block, fit_repair,
-    model_identity)
+from pop_analysis.repair.fit import (
+    Repair,
+    RepairConfig,
+    calibration,
+    check_block,
+    checkpoint_fingerprint,
+    fit_repair,
+    model_identity,
+)
 from pop_analysis.store import results as store
 
 if TYPE_CHECKING:
@@ -258,25 +265,36 @@ def ensure(lm: LoadedModel, skip, spec="auto", progress=None) -> Repair:
     return attach(lm, load(str(spec)), skip)
 
 
-def maps_path(lm: LoadedModel, skip, spec="auto", progress=None) -> str:
-    """Absolute path of the maps file of repair `spec` (KEY or "auto", as in `ensure`) for `lm`
-    and `skip`, the file vLLM's pop_repair reads; one-line RepairError when none fits. A repair
-    already attached for this skip set stays attached (the check attaches it for a moment)."""
-    key = tuple(sorted(int(i) for i in skip))
-    before = lm.adapter.kv_maps.get(key)
-    try:
-        rep = ensure(lm, skip, spec, progress)  # refuses another model or skip set in one line
-    finally:
-        if before is None:
-            lm.adapter.kv_maps.pop(key, None)
-        else:
-            lm.adapter.kv_maps[key] = before
-    path = _path(rep.key) if rep.key else None
-    if path is None or not path.is_file():
-        raise RepairError(f"repair {rep.key or '(unsaved)'} has no maps file under "
-                          f"{store.results_dir(KIND)} (the engine reads the maps from it); make "
-                          "that folder writable and fit it again")
+def maps_file(key: str) -> str:
+    """Absolute path of stored repair `key`'s maps file, the file vLLM's pop_repair reads (from
+    the store alone: no model is loaded or touched); one-line RepairError when there is none."""
+    path = _path(key)
+    if path is None or not entry_exists(key):
+        raise RepairError(f"no stored repair {key!r:.40} with a maps file (python -m pop_analysis "
+                          "repair list)")
     return str(path.resolve())
+
+
+def stored_maps_file(directory, n_layers: int, skip, spec: str) -> str | None:
+    """The maps file of repair `spec` (KEY or "auto": the newest usable one) fitted for the
+    checkpoint in `directory` and skip set `skip`, from the store and the checkpoint's K/V weights
+    alone (no model is built); None for "auto" when none is stored (a fit needs the model)."""
+    fp, want = checkpoint_fingerprint(directory, n_layers), sorted(int(i) for i in skip)
+    fits = [e for e in store.entries(KIND) if spec == "auto" or e["key"] == spec]
+    if spec != "auto" and not fits:
+        raise RepairError(f"no stored repair {spec!r:.40} (python -m pop_analysis repair list)")
+    for e in fits:
+        p = e["params"]
+        problem = (unusable(e["key"], p)
+                   or (p.get("model", {}).get("fingerprint") != fp and "it was fitted for "
+                       f"another checkpoint than {Path(directory).name}")
+                   or (p.get("skip") != want and f"it was fitted for skip set "
+                       f"{describe(p.get('skip') or ())}, not {describe(want)}"))
+        if not problem:
+            return maps_file(e["key"])
+        if spec != "auto":
+            raise RepairError(f"stored repair {spec}: {problem}")
+    return None
 
 
 def memory(lm: LoadedModel, rep: Repair) -> dict:

@@ -26,7 +26,7 @@ from pop_analysis.serving.server import Engine, EngineSpec
 from pop_analysis.serving.venv import ServingError
 from pop_analysis.store.paths import cache_dir
 from pop_vllm import kv_keys
-from pop_vllm.settings import PopSettings
+from pop_vllm.run_setting import RunSetting
 
 DECODE_SIDES = ("pop", "full")  # the decode instance: the prefill's POP settings, or stock vLLM
 BLOCK_SIZE = 32  # CPU attention's smallest block: a hand-off moves whole blocks of the cache
@@ -44,7 +44,8 @@ class Topology:
     def describe(self) -> list[str]:
         """One line per pool, for the CLI and the Serve page."""
         def pool(s: EngineSpec) -> str:
-            what = "full model" if not s.pop else f"{s.variant}, skip {describe(s.skip)}"
+            what = ("full model" if not s.pop else
+                    f"{s.setting.variant}, skip {describe(s.setting.skip)}")
             return f"{what}, cores {','.join(map(str, s.cpus)) or 'any'}"
         return [f"prefill pool: 1 instance ({pool(self.prefill)}), K/V producer",
                 f"decode pool: 1 instance ({pool(self.decode)}), K/V consumer",
@@ -82,14 +83,14 @@ def plan(base: EngineSpec, decode: str = "pop", prefill_cpus=None, decode_cpus=N
         raise ServingError(f"prefill cores {list(prefill_cpus)} and decode cores "
                            f"{list(decode_cpus)} overlap: give each instance its own")
     folder = kv_keys.storage_dir(Path(kv_root or cache_dir() / "kv_transfer").resolve(), base.name,
-                                 PopSettings(base.skip, base.variant, base.repair))
+                                 base.setting)
 
     def instance(spec: EngineSpec, role: str, engine_id: str, cpus) -> EngineSpec:
         cfg = json.dumps(kv_keys.transfer_config(role, folder, engine_id), separators=(",", ":"))
         return replace(spec, cpus=tuple(cpus), switchable=False, threads=len(cpus),
                        extra_args=("--block-size", str(block_size), "--kv-transfer-config", cfg))
 
-    stock = replace(base, variant="full", skip=(), repair=None)
+    stock = replace(base, setting=RunSetting.full())
     return Topology(
         prefill=instance(replace(base, port=0), "kv_producer", "prefill-0", prefill_cpus),
         decode=instance(replace(base if decode == "pop" else stock, port=0), "kv_consumer",

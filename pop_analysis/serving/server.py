@@ -36,6 +36,7 @@ from pop_analysis.speed import procs
 from pop_analysis.store.paths import cache_dir
 from pop_vllm import engine_env as plugin_env
 from pop_vllm import settings
+from pop_vllm.run_setting import RunSetting
 
 HOST = "127.0.0.1"
 WATCHDOG = Path(__file__).with_name("watchdog.py")
@@ -73,9 +74,7 @@ class EngineSpec:
 
     model_dir: str  # a local directory with config.json, safetensors and a tokenizer
     name: str  # the model name clients send ("smollm2-135m")
-    skip: tuple[int, ...] = ()  # 0-indexed skipped layers (POP variants only)
-    variant: str = "full"  # "full": stock vLLM; "pop" ...: the POP plugin
-    repair: str | None = None  # pop_repair: absolute path of the stored repair's maps file
+    setting: RunSetting = RunSetting.full()  # what it serves: full is stock vLLM, else the plugin
     port: int = 0  # 0: a free port
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE, whole GiB (without it the KV cache took 21 GiB)
     max_model_len: int = 4096
@@ -91,7 +90,7 @@ class EngineSpec:
 
     @property
     def pop(self) -> bool:
-        return self.variant != "full"
+        return self.setting.variant != "full"
 
 
 def architecture(model_dir: str) -> str:
@@ -108,7 +107,7 @@ def pop_overrides(spec: EngineSpec, arch: str) -> dict:
         raise ServingError(f"the POP plugin (pop_vllm) is not installed in {venv.venv_dir().name}: "
                            f"run `bash {venv.INSTALL_SCRIPT}`")
     try:
-        return settings.overrides(arch, spec.skip, spec.variant, spec.repair)
+        return settings.overrides(arch, spec.setting)
     except settings.PopSettingsError as e:
         raise ServingError(f"{e}; serve it as variant full" if arch not in settings.ARCHITECTURES
                            else str(e)) from None
@@ -287,15 +286,15 @@ class Engine:
         except OSError:
             return False
 
-    def switch(self, skip, variant: str, repair: str | None = None) -> None:
-        """The run-time switch of a switchable POP engine: the next steps run `variant` with
-        `skip` ("full" with () runs the stock forward; pop_repair needs its maps file).
-        Every worker answers."""
+    def switch(self, setting: RunSetting) -> None:
+        """The run-time switch of a switchable POP engine: the next steps run `setting` (the full
+        model runs the stock forward; pop_repair needs its maps file). Every worker answers."""
         if not (self.spec.pop and self.spec.switchable):
             raise ServingError("this engine has no run-time switch (start it switchable)")
-        got = self.control(SWITCH, [sorted(skip), variant, repair])
-        if not got or any(g.get("variant") != variant for g in got):
-            raise ServingError(f"the run-time switch answered {got!r}, not variant {variant}")
+        got = self.control(SWITCH, [setting.as_config()])
+        if not got or any(g.get("variant") != setting.variant for g in got):
+            raise ServingError(f"the run-time switch answered {got!r:.200}, not variant "
+                               f"{setting.variant}")
 
     def control(self, method: str, args=()) -> list:
         """A plugin worker method (pop_vllm.control) on every worker, through the guarded control

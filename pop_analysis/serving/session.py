@@ -13,11 +13,12 @@ import time
 import urllib.request
 from dataclasses import replace
 
-from pop_analysis.store.paths import cache_dir
 from pop_analysis.serving.bench import Target, serve_bench
 from pop_analysis.serving.loadgen import LoadGenerator
 from pop_analysis.serving.server import Engine, EngineSpec
 from pop_analysis.serving.venv import ServingError
+from pop_analysis.store.paths import cache_dir
+from pop_vllm.run_setting import RunSetting
 
 GENERATE_TIMEOUT_S = 300
 
@@ -39,8 +40,9 @@ class Serving:
         self.gen: LoadGenerator | None = None
         self._lock = threading.Lock()  # a switch and the requests it is for go together
         kw = {} if timeout_s is None else {"timeout_s": timeout_s}
-        wanted = [("pop", self.spec)] if self.spec.switchable else [("full", replace(
-            pop, variant="full", skip=(), repair=None, port=0))] + ([("pop", self.spec)] if pop.pop else [])
+        stock = replace(pop, setting=RunSetting.full(), port=0)
+        wanted = [("pop", self.spec)] if self.spec.switchable else [("full", stock)] + (
+            [("pop", self.spec)] if pop.pop else [])
         try:
             for i, (name, spec) in enumerate(wanted):
                 engine = Engine(spec)
@@ -55,17 +57,14 @@ class Serving:
     @property
     def names(self) -> list[str]:
         """The sides: ['full', 'pop'] (the variant's name), or ['full'] for an A/A session."""
-        return ["full"] + ([self.spec.variant] if self.spec.pop else [])
+        return ["full"] + ([str(self.spec.setting.variant)] if self.spec.pop else [])
 
     def _engine(self, side: str) -> Engine:
         return self.engines["full" if side == "full" and "full" in self.engines else "pop"]
 
     def _switch(self, side: str) -> None:
         if self.spec.switchable:
-            if side == "full":
-                self.engines["pop"].switch((), "full")
-            else:
-                self.engines["pop"].switch(self.spec.skip, self.spec.variant, self.spec.repair)
+            self.engines["pop"].switch(RunSetting.full() if side == "full" else self.spec.setting)
 
     def target(self, side: str) -> Target:
         e = self._engine(side)
@@ -80,8 +79,8 @@ class Serving:
 
     def engines_info(self) -> dict:
         return {name: {"url": f"{e.url}/v1", "command": e.command_line,
-                       "serves": ("full and " + self.spec.variant + " (run-time switch)")
-                       if e.spec.switchable else e.spec.variant,
+                       "serves": (f"full and {self.spec.setting.variant} (run-time switch)")
+                       if e.spec.switchable else str(e.spec.setting.variant),
                        "start_s": round(e.start_s or 0, 2), "rss_mib": round(e.rss_bytes() / 2**20),
                        "log": str(e.log_path)} for name, e in self.engines.items()}
 

@@ -1,5 +1,6 @@
-"""From what a user names (a model, a skip set, a variant) to an EngineSpec, without loading the
-model: the engine reads the weights itself, this only needs config.json."""
+"""From what a user names (a model and a run setting) to an EngineSpec, without loading the
+model: the engine reads the weights itself, this only needs config.json. `spec_for` is the one
+way there, for the CLI and the Serve page alike."""
 from __future__ import annotations
 
 import json
@@ -9,10 +10,8 @@ from pop_analysis.engine.models import resolve_source
 from pop_analysis.serving.server import EngineSpec
 from pop_analysis.serving.venv import ServingError
 from pop_vllm.engine_env import rank_cpus
-from pop_vllm.settings import EAGER_PIPELINE_REASON, NO_KV_REASON
-from pop_vllm.variants import SERVED, Variant
-
-VARIANTS = SERVED  # what the plugin serves
+from pop_vllm.run_setting import RunSetting, SettingError, check_served
+from pop_vllm.settings import EAGER_PIPELINE_REASON
 
 
 def model_dir(name: str) -> str:
@@ -56,23 +55,18 @@ def check_parallel(directory: str, tensor: int, pipeline: int, eager: bool = Tru
         raise ServingError(str(e)) from None
 
 
-def make_spec(model: str, skip: tuple[int, ...], variant: str = "pop", repair: str | None = None,
-              **engine) -> EngineSpec:
-    """The engine for `model` (registry name or directory) with this skip set and variant;
-    `repair`: the maps file of pop_repair (repair.store.maps_path)."""
-    if variant == Variant.POP_NO_KV:
-        raise ServingError(NO_KV_REASON)
-    if variant not in VARIANTS:
-        raise ServingError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
-    if variant != "full" and not skip:
-        raise ServingError(f"variant {variant} needs a non-empty skip set")
-    if (variant == "pop_repair") != bool(repair):
-        raise ServingError("variant pop_repair needs a repair (--repair KEY or auto)"
-                           if repair is None else f"a repair is used by variant pop_repair only, "
-                           f"not {variant}")
+def spec_for(model: str, setting: RunSetting, **engine) -> EngineSpec:
+    """The engine for `model` (registry name or directory) serving `setting` (its pop_repair maps
+    file from the repair store: repair.store.maps_file); `engine`: EngineSpec's other fields."""
+    if setting.variant != "full" and not setting.skip:
+        raise ServingError(f"variant {setting.variant} needs a non-empty skip set")
     directory = model_dir(model)
+    try:
+        check_served(setting.check(n_layers(directory)))
+    except SettingError as e:
+        raise ServingError(str(e)) from None
     check_parallel(directory, engine.get("tensor_parallel", 1), engine.get("pipeline_parallel", 1),
                    engine.get("eager", True))
+    served = setting if setting.variant != "full" else RunSetting.full()
     return EngineSpec(model_dir=directory, name=Path(model).name if "/" in model else model,
-                      skip=tuple(skip) if variant != "full" else (), variant=variant,
-                      repair=repair, **engine)
+                      setting=served, **engine)

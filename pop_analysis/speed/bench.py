@@ -20,6 +20,7 @@ from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.speed.machine import machine_rates
 from pop_analysis.speed.roofline import roofline_speedup
 from pop_analysis.speed.timing import Timing, TimingConfig, check_rounds, measure
+from pop_vllm.run_setting import RunSetting
 
 
 def random_prompt(lm: LoadedModel, length: int, seed: int = 0, batch: int = 1) -> torch.Tensor:
@@ -37,9 +38,9 @@ def device_clock(device):
     return clock
 
 
-def first_token(lm: LoadedModel, ids: torch.Tensor, variant: str, skip) -> None:
+def first_token(lm: LoadedModel, ids: torch.Tensor, setting: RunSetting) -> None:
     """One prompt pass up to the first token id on the host (what TTFT times)."""
-    run_prompt(lm.adapter, ids, variant, skip).logits.argmax(-1).tolist()
+    run_prompt(lm.adapter, ids, setting).logits.argmax(-1).tolist()
 
 
 @torch.inference_mode()
@@ -48,15 +49,16 @@ def hf_first_token(lm: LoadedModel, ids: torch.Tensor) -> None:
     lm.model(input_ids=ids, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1).tolist()
 
 
-def ideals(lm: LoadedModel, length: int, variant: str, skip, batch: int = 1) -> tuple[float, float]:
-    """(FLOP ideal, roofline ideal) of `variant` against the full model at `length` tokens."""
+def ideals(lm: LoadedModel, length: int, setting: RunSetting,
+           batch: int = 1) -> tuple[float, float]:
+    """(FLOP ideal, roofline ideal) of `setting` against the full model at `length` tokens."""
     s = lm.adapter.shape
-    if not skip or variant == "full":
+    if not setting.active:
         return 1.0, 1.0
     rates = machine_rates(lm.device, lm.dtype, torch.get_num_threads(), (s.hidden, s.intermediate))
     b = torch.finfo(lm.dtype).bits // 8 if lm.dtype.is_floating_point else 4
-    return (ideal_speedup(s, length, skip, variant),
-            roofline_speedup(s, length, skip, variant, rates, b, batch))
+    return (ideal_speedup(s, length, setting),
+            roofline_speedup(s, length, setting, rates, b, batch))
 
 
 @dataclass
@@ -90,19 +92,19 @@ class PrefillSpeed:
                    float(d["roofline_speedup"]))
 
 
-def time_prefill(lm: LoadedModel, ids: torch.Tensor, variant: str, skip,
+def time_prefill(lm: LoadedModel, ids: torch.Tensor, setting: RunSetting,
                  cfg: TimingConfig = TimingConfig(), lock=None, on_round=None,
                  full=None) -> PrefillSpeed:
-    """TTFT of the full model vs `variant` on prompt ids (B, N), through the protocol.
+    """TTFT of the full model vs `setting` on prompt ids (B, N), through the protocol.
 
     `lock`: a context-manager factory held per round (the dashboard's model lock); `full`: the
     reference callable (default: our full path; bench's HF comparison passes HF's forward).
     """
     check_prompt(lm.adapter, ids.shape[1])
     n, batch = ids.shape[1], ids.shape[0]
-    flop_ideal, roof = ideals(lm, n, variant, skip, batch)
-    ref = full or (lambda: first_token(lm, ids, "full", skip))
-    t = measure(ref, lambda: first_token(lm, ids, variant, skip), cfg,
+    flop_ideal, roof = ideals(lm, n, setting, batch)
+    ref = full or (lambda: first_token(lm, ids, RunSetting.full()))
+    t = measure(ref, lambda: first_token(lm, ids, setting), cfg,
                 clock=device_clock(lm.device), lock=lock, ideal=max(flop_ideal, roof),
                 threads=torch.get_num_threads(), on_round=on_round)
     return PrefillSpeed(n, t, flop_ideal, roof)
@@ -135,10 +137,10 @@ def bench_length(lm: LoadedModel, length: int, skip, repeats: int = 3, budget_s:
     check_prompt(lm.adapter, length)
     cfg = TimingConfig(min_rounds=repeats, budget_s=budget_s, warmup=warmup)
     ids = random_prompt(lm, length, batch=batch)
-    p = time_prefill(lm, ids, "pop", skip, cfg)
+    p = time_prefill(lm, ids, RunSetting(skip), cfg)
     hf = None
     if with_hf:  # HF's forward against ours, same protocol; its median is reported
-        h = time_prefill(lm, ids, "full", (), cfg, full=lambda: hf_first_token(lm, ids))
+        h = time_prefill(lm, ids, RunSetting.full(), cfg, full=lambda: hf_first_token(lm, ids))
         hf = h.timing.full_median_ms
     t = p.timing
     return BenchRow(length, t.full_median_ms, t.variant_median_ms, t.speedup, p.ideal_speedup,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pop_analysis.engine.adapter import Shape
 from pop_analysis.speed.roofline import kv_only_ops, layer_ops, prefill_ops, total_flops
+from pop_vllm.run_setting import RunSetting
 
 
 def layer_flops(s: Shape, n_tokens: int, ctx_sum: int) -> float:
@@ -25,17 +26,17 @@ def full_prefill_flops(s: Shape, n: int) -> float:
     return total_flops(prefill_ops(s, n))
 
 
-def pop_prefill_flops(s: Shape, n: int, skip, variant: str = "pop") -> float:
+def pop_prefill_flops(s: Shape, n: int, setting: RunSetting) -> float:
     """POP: the trunk below the first skipped layer over all N tokens, the pruned rest over
     x_1..x_{N-1} (K/V projections for skipped layers), then x_N through the rest in full."""
-    return total_flops(prefill_ops(s, n, skip, variant))
+    return total_flops(prefill_ops(s, n, setting))
 
 
-def ideal_speedup(s: Shape, n: int, skip, variant: str = "pop") -> float:
-    """Full prefill FLOPs / the variant's prefill FLOPs at prompt length n."""
-    return full_prefill_flops(s, n) / pop_prefill_flops(s, n, skip, variant)
+def ideal_speedup(s: Shape, n: int, setting: RunSetting) -> float:
+    """Full prefill FLOPs / the setting's prefill FLOPs at prompt length n."""
+    return full_prefill_flops(s, n) / pop_prefill_flops(s, n, setting)
 
 
-def prefill_flop_share(s: Shape, n: int, skip) -> float:
-    """Fraction of full prefill FLOPs that POP still spends."""
-    return pop_prefill_flops(s, n, skip) / full_prefill_flops(s, n)
+def prefill_flop_share(s: Shape, n: int, setting: RunSetting) -> float:
+    """Fraction of full prefill FLOPs that the setting still spends."""
+    return pop_prefill_flops(s, n, setting) / full_prefill_flops(s, n)

@@ -26,7 +26,7 @@ FULL = Configuration("full")
 
 def first_token(lm: LoadedModel, ids: torch.Tensor, c: Configuration) -> None:
     """One prompt pass of configuration `c` up to the first token id on the host."""
-    run_prompt(lm.adapter, ids, c.variant, c.skip, precision=c.precision).logits.argmax(-1).tolist()
+    run_prompt(lm.adapter, ids, c.setting, precision=c.precision).logits.argmax(-1).tolist()
 
 
 def ideal(lm: LoadedModel, n: int, c: Configuration, reference: Configuration = FULL) -> float:
@@ -37,7 +37,7 @@ def ideal(lm: LoadedModel, n: int, c: Configuration, reference: Configuration = 
 def _best_time(lm: LoadedModel, n: int, c: Configuration) -> float:
     """FLOPs of c's prompt with its int8 layers' share divided by INT8_CEILING."""
     s = lm.adapter.shape
-    flops = (pop_prefill_flops(s, n, c.skip, c.variant) if c.variant != "full"
+    flops = (pop_prefill_flops(s, n, c.setting) if c.variant != "full"
              else full_prefill_flops(s, n))
     per_layer = layer_flops(s, n, n * (n + 1) // 2)  # one layer, every prompt token
     return flops - len(c.precision.int8) * per_layer * (1 - 1 / INT8_CEILING)

@@ -28,12 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pop_analysis.engine.adapter import Shape
-from pop_vllm.variants import NO_BOUNDARY, PREFILL_SKIP_MODE, SkipMode, Variant
+from pop_vllm.run_setting import RunSetting
+from pop_vllm.variants import SkipMode
 
-PATHS = tuple(v for v in Variant if v is not Variant.POP_REPAIR)  # pop_repair: ALIASES
-# Variants whose prefill does the work of another path: pop_repair's fitted K/V maps have the
-# shape of the K/V projections they replace.
-ALIASES = {"pop_repair": "pop"}
+FULL = RunSetting.full()
 
 
 @dataclass(frozen=True)
@@ -157,35 +155,34 @@ def _head(s, b, batch) -> list[Op]:
             _linear("lm_head", batch, s.hidden, s.vocab, b)]
 
 
-def prefill_ops(s: Shape, n: int, skip=(), path: str = "full", b: int = 4,
+def prefill_ops(s: Shape, n: int, setting: RunSetting = FULL, b: int = 4,
                 batch: int = 1) -> list[Op]:
-    """Every op from prompt ids (B, n) to the first token's logits, for one path."""
-    path = ALIASES.get(path, path)
-    if path not in PATHS:
-        raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
-    skip = frozenset(skip) if path != "full" else frozenset()
+    """Every op from prompt ids (B, n) to the first token's logits, for one setting (pop_repair's
+    fitted K/V maps have the shape of the projections they replace: pop's work)."""
+    skip = frozenset(setting.skip) if setting.active else frozenset()
     ops = _embed(s, n, b, batch)
-    if path in NO_BOUNDARY or not skip:
+    if not setting.boundary or not skip:
         for i in range(s.n_layers):  # one pass over all n tokens, skipped layers pruned
-            ops += _pruned_layer(s, i, n, skip, path, b, batch)
+            ops += _pruned_layer(s, i, n, setting, b, batch)
         return ops + _head(s, b, batch)
     first, m = min(skip), n - 1
     for i in range(first):  # the shared trunk: x_N rides along with the prompt
         ops += layer_ops(s, i, n, *attention_span(s, i, 0, n), b, batch)
     for i in range(first, s.n_layers):  # x_1..x_{N-1} through the pruned rest
-        ops += _pruned_layer(s, i, m, skip, path, b, batch) if m else []
+        ops += _pruned_layer(s, i, m, setting, b, batch) if m else []
     for i in range(first, s.n_layers):  # the boundary step: x_N alone, attending to all keys
-        if i in skip and PREFILL_SKIP_MODE[path] == SkipMode.DROP:
+        if i in skip and setting.skip_mode == SkipMode.DROP:
             ops += layer_ops(s, i, 1, 1, 1, b, batch)  # its own key only
         else:
             ops += layer_ops(s, i, 1, *attention_span(s, i, n - 1, 1), b, batch)
     return ops + _head(s, b, batch)
 
 
-def _pruned_layer(s, i, tokens, skip, path, b, batch) -> list[Op]:
-    if i not in skip:
+def _pruned_layer(s, i, tokens, setting: RunSetting, b, batch) -> list[Op]:
+    if not setting.active or i not in setting.skip:
         return layer_ops(s, i, tokens, *attention_span(s, i, 0, tokens), b, batch)
-    return kv_only_ops(s, i, tokens, b, batch) if PREFILL_SKIP_MODE[path] == SkipMode.KV else []
+    kv = setting.skip_mode in (SkipMode.KV, SkipMode.REPAIR)
+    return kv_only_ops(s, i, tokens, b, batch) if kv else []
 
 
 def total_flops(ops) -> float:
@@ -197,17 +194,17 @@ def roofline_seconds(ops, rates) -> float:
     return sum(op.seconds(rates) for op in ops)
 
 
-def roofline_speedup(s: Shape, n: int, skip, path: str, rates, b: int = 4,
+def roofline_speedup(s: Shape, n: int, setting: RunSetting, rates, b: int = 4,
                      batch: int = 1) -> float:
-    """Roofline time of the full path / that of `path`."""
-    full = roofline_seconds(prefill_ops(s, n, (), "full", b, batch), rates)
-    return full / roofline_seconds(prefill_ops(s, n, skip, path, b, batch), rates)
+    """Roofline time of the full path / that of `setting`."""
+    full = roofline_seconds(prefill_ops(s, n, FULL, b, batch), rates)
+    return full / roofline_seconds(prefill_ops(s, n, setting, b, batch), rates)
 
 
-def breakdown(s: Shape, n: int, skip, path: str, rates, b: int = 4, batch: int = 1) -> dict:
+def breakdown(s: Shape, n: int, setting: RunSetting, rates, b: int = 4, batch: int = 1) -> dict:
     """Roofline seconds by kind of work and its bound (the docs' view of short prompts)."""
     out: dict[str, float] = {}
-    for op in prefill_ops(s, n, skip, path, b, batch):
+    for op in prefill_ops(s, n, setting, b, batch):
         memory = op.bytes / rates.bytes_per_s >= (op.flops / rates.flops_at(op.rows)
                                                   if op.flops else 0.0)
         key = f"{op.name.split('.')[-1]} ({'memory' if memory else 'compute'})"

@@ -3,8 +3,9 @@
 `plugin.register` adds these as methods of vLLM's worker class, so they are called by name
 (a callable would need vLLM's insecure pickle serialization):
 
-    llm.collective_rpc("pop_set", args=([20, 21, 22], "pop"))
-    llm.collective_rpc("pop_set", args=([20, 21, 22], "pop_repair", "/abs/KEY.safetensors"))
+    llm.collective_rpc("pop_set", args=({"skip": [20, 21, 22], "variant": "pop"},))
+    llm.collective_rpc("pop_set", args=({"skip": [20, 21], "variant": "pop_repair",
+                                          "repair": "/abs/KEY.safetensors"},))
     llm.collective_rpc("pop_stats")  # one dict per worker
 """
 from __future__ import annotations
@@ -22,20 +23,19 @@ def _pop_model(worker):
     return model
 
 
-def pop_set(worker, skip, variant: str = "pop", repair: str | None = None) -> dict:
-    """Switch the skip set and variant (and pop_repair's maps file) for the next steps; returns
-    the new settings. Bad settings raise PopSettingsError and leave the old ones in force."""
+def pop_set(worker, config: dict) -> dict:
+    """Switch to the run setting of `config` (RunSetting.as_config's fields) for the next steps;
+    returns the new one. A bad setting raises SettingError and leaves the old one in force."""
     model = _pop_model(worker)
-    model.set_pop(skip, variant, repair)
-    return {"skip": list(model.pop.skip), "variant": model.pop.variant, "repair": model.pop.repair}
+    model.set_pop(config)
+    return model.pop.as_config()
 
 
 def pop_stats(worker) -> dict:
     """Counters since the last reset: steps, pop_steps, pruned_tokens, ... (stats.new_stats)."""
     model = _pop_model(worker)
     split = None if model.pop_split is None else model.pop_split.state()
-    return dict(model.pop_stats, skip=list(model.pop.skip), variant=model.pop.variant,
-                repair=model.pop.repair, split=split)
+    return dict(model.pop_stats, **model.pop.as_config(), split=split)
 
 
 def pop_forward_seconds(worker) -> float:

@@ -58,6 +58,7 @@ def one_line(exc: BaseException) -> str:
 def run_job(job: dict, done: list | None = None) -> dict:
     from vllm import LLM, SamplingParams
 
+    from .run_setting import RunSetting
     from .settings import overrides
 
     engine = dict(job.get("engine", {}))
@@ -71,8 +72,7 @@ def run_job(job: dict, done: list | None = None) -> dict:
     pop = job.get("pop")
     if pop is not None:
         engine["hf_overrides"] = overrides(job.get("architecture", "LlamaForCausalLM"),
-                                           pop.get("skip", ()), pop.get("variant", "pop"),
-                                           pop.get("repair"))
+                                           RunSetting(**pop))
     t0 = time.perf_counter()
     llm = LLM(job["model"], **engine)
     out = {"ok": True, "start_s": round(time.perf_counter() - t0, 2), "runs": []}
@@ -110,9 +110,7 @@ def _in_process(engine: dict, world: int) -> None:
 
 def _run(llm, run: dict, is_pop: bool, SamplingParams, done: list) -> dict:
     if "set" in run:
-        llm.collective_rpc("pop_set", args=(run["set"].get("skip", ()),
-                                            run["set"].get("variant", "pop"),
-                                            run["set"].get("repair")))
+        llm.collective_rpc("pop_set", args=(run["set"],))
     if is_pop:
         llm.collective_rpc("pop_reset_stats")
     if "chat" in run:

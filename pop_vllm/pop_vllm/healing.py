@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .errors import InputError
+
 POLICIES = ("none", "eager", "budget")
 DEFAULT_CHUNK = 64  # positions per healing chunk: one pass of layers f..L-1 over that many rows
 MAX_CHUNK = 65536  # bounded before it is expanded: no context holds more
@@ -25,7 +27,7 @@ HEALABLE = ("pop", "pop_repair")
 NOTHING_TO_HEAL = ("full",)
 
 
-class HealError(ValueError):
+class HealError(InputError):
     """Healing options no run can use; the message is one line."""
 
 
@@ -89,6 +91,15 @@ NO_HEAL = Heal()
 def make(policy: str = "none", chunk=DEFAULT_CHUNK, budget_positions=None, budget_ms=None) -> Heal:
     """A checked Heal (raises HealError with one line)."""
     return Heal(policy, chunk, budget_positions, budget_ms)
+
+
+def from_dict(raw: dict) -> Heal:
+    """`Heal.as_dict`'s fields (a request, a stored record) -> a checked Heal; {} is none."""
+    unknown = sorted(set(map(str, raw)) - {"policy", "chunk", "budget_positions", "budget_ms"})
+    if unknown:
+        raise HealError(f"unknown heal field(s) {', '.join(unknown)[:120]}; use policy, chunk, "
+                        "budget_positions and budget_ms")
+    return make(**raw)
 
 
 def parse_budget(text: str) -> dict:

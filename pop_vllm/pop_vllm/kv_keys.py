@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from .plan import first_full_position
-from .settings import PopSettings
+from .run_setting import RunSetting
 
 CONNECTOR = "PopKVConnector"  # the class in pop_vllm.connector (loaded by module path)
 CONNECTOR_MODULE = "pop_vllm.connector"
@@ -23,7 +23,7 @@ _NAME = re.compile(r"[^A-Za-z0-9_.-]+")  # what a folder name may not hold
 ENGINE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-def settings_key(pop: PopSettings) -> str | None:
+def settings_key(pop: RunSetting) -> str | None:
     """A short digest of settings that change prompt K/V (None: the stock model, whose K/V needs
     no salt). A repair's maps enter by content, so a refitted file with the same path differs."""
     if not pop.active:
@@ -54,7 +54,7 @@ def block_path(start: int, end: int, prompt_len: int, variant: str):
     return ("boundary", first_full - start) if start <= first_full else "full"
 
 
-def storage_dir(root: str | Path, model_name: str, pop: PopSettings) -> Path:
+def storage_dir(root: str | Path, model_name: str, pop: RunSetting) -> Path:
     """The connector's folder for one model and prefill setting (each producer instance writes
     into a subfolder of it named after its engine id, cleared when that engine starts)."""
     name = _NAME.sub("-", model_name).strip("-") or "model"

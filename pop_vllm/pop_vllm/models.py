@@ -48,7 +48,7 @@ class PopMixin:
         self.pop_hf = hf
         self.pop_dtype = vllm_config.model_config.dtype
         self.pop_maps = {}  # layer -> KVProjection of pop_repair's fitted maps
-        self._use_settings(pop_settings.parse(getattr(hf, "pop", None), self.pop_n_layers))
+        self._use_settings(pop_settings.engine_setting(getattr(hf, "pop", None), self.pop_n_layers))
         self.pop_stats = new_stats()
         self.pop_forward_s = 0.0  # model forward seconds in this worker, all steps
         self._check_layers()
@@ -71,8 +71,9 @@ class PopMixin:
             if getattr(a, "do_llama_4_scaling", False):
                 raise PopSettingsError("Llama-4 attention scaling is not supported by the POP plugin")
 
-    def set_pop(self, skip, variant, repair=None) -> None:
-        self._use_settings(pop_settings.make(skip, variant, self.pop_n_layers, repair))
+    def set_pop(self, config: dict) -> None:
+        """Switch to the setting of `config` (RunSetting.as_config's fields)."""
+        self._use_settings(pop_settings.engine_setting(config, self.pop_n_layers))
 
     def _use_settings(self, pop) -> None:
         """Take new settings, loading pop_repair's maps first (bad maps leave the old ones)."""

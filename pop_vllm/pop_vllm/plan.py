@@ -20,14 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .variants import SERVED
-
-VARIANTS = SERVED  # pop_repair: pop's plan, fitted K/V maps
+from .variants import SERVED  # pop_repair: pop's plan, fitted K/V maps
 
 
 def check_variant(variant: str) -> None:
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown POP variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if variant not in SERVED:
+        raise ValueError(f"unknown POP variant {variant!r}; choose from {', '.join(SERVED)}")
 
 
 def first_full_position(prompt_len: np.ndarray, variant: str) -> np.ndarray:

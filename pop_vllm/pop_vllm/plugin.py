@@ -14,7 +14,7 @@ from .settings import (
     EAGER_PIPELINE_REASON,
     SUPPORTED_VLLM,
     PopSettingsError,
-    parse,
+    engine_setting,
     untested_backends_allowed,
 )
 
@@ -47,11 +47,11 @@ def register() -> None:
 
 
 def check_config(vllm_config) -> None:
-    """Settings the POP models cannot run with, as one-line PopSettingsErrors."""
+    """Settings the POP models cannot run with, as one-line SettingErrors."""
     from .repair import check_settings
 
     hf = vllm_config.model_config.hf_config
-    pop = parse(getattr(hf, "pop", None), hf.num_hidden_layers)
+    pop = engine_setting(getattr(hf, "pop", None), hf.num_hidden_layers)
     check_settings(pop, hf)
     transfer = vllm_config.kv_transfer_config
     if (transfer is not None and transfer.kv_connector == "ExampleConnector"

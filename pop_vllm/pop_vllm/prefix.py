@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from . import kv_keys
 from . import settings as pop_settings
+from .run_setting import RunSetting
 
 _UNSET = object()
 _current: tuple[str, str] | None = None  # (settings key, variant) in force, None: stock
@@ -34,7 +35,7 @@ def current() -> tuple[str, str] | None:
     return _current
 
 
-def use(pop: pop_settings.PopSettings) -> None:
+def use(pop: RunSetting) -> None:
     """The settings new requests of this engine core are hashed with."""
     global _current
     key = kv_keys.settings_key(pop)
@@ -110,7 +111,7 @@ def install() -> None:
         out = rpc(self, method, timeout, args, kwargs)
         if method == "pop_set" and out:  # what the workers took (a refused switch raised)
             got = out[0]
-            use(pop_settings.PopSettings(tuple(got["skip"]), got["variant"], got.get("repair")))
+            use(RunSetting(**got))
         return out
 
     generate_block_hash_extra_keys._pop_wrapped = True
@@ -119,10 +120,10 @@ def install() -> None:
     EngineCore.collective_rpc = collective_rpc
 
 
-def _engine_settings(vllm_config) -> pop_settings.PopSettings:
+def _engine_settings(vllm_config) -> RunSetting:
     """The POP settings an engine was started with (none for a stock architecture)."""
     model = vllm_config.model_config
     if not set(model.architectures or ()) & set(pop_settings.ARCHITECTURES.values()):
-        return pop_settings.PopSettings()
+        return RunSetting.full()
     hf = model.hf_config
-    return pop_settings.parse(getattr(hf, "pop", None), hf.num_hidden_layers)
+    return pop_settings.engine_setting(getattr(hf, "pop", None), hf.num_hidden_layers)

@@ -6,10 +6,12 @@ expanded, so '0-999999999999' fails at once in one line instead of building a li
 """
 from __future__ import annotations
 
+from .errors import InputError
+
 MAX_DIGITS = 9  # a longer number reads as 10**9, which every bound here refuses
 
 
-class RangeError(ValueError):
+class RangeError(InputError):
     """A list that cannot be read; the message is one line."""
 
 
@@ -20,9 +22,10 @@ def shown(value, limit: int = 60) -> str:
 
 
 def parse_ranges(text: str, bound: int, noun: str = "layer", limit: str | None = None,
-                 example: str = "20-29") -> tuple[int, ...]:
+                 example: str = "20-29", beyond=None) -> tuple[int, ...]:
     """'20-29' or '3,5,7-9' -> (3, 5, 7, 8, 9): sorted, unique, each in 0..bound-1. Empty text is
-    the empty set. `limit` says where the numbers stop (default: "{noun} numbers stop at ...")."""
+    the empty set. `limit` says where the numbers stop (default: "{noun} numbers stop at ...");
+    `beyond(first, last)`, when given, words the refusal of the numbers first..last past it."""
     if not isinstance(text, str):
         raise RangeError(f"a {noun} list must be text like {example}, got {shown(text)}")
     out: set[int] = set()
@@ -31,6 +34,8 @@ def parse_ranges(text: str, bound: int, noun: str = "layer", limit: str | None =
         if hi < lo:
             raise RangeError(f"bad {noun} range {shown(part)}: end before start")
         if hi >= bound:
+            if beyond is not None:
+                raise RangeError(beyond(max(lo, bound), hi))
             where = limit or f"{noun} numbers stop at {bound - 1}"
             raise RangeError(f"{noun}(s) in {shown(part)} out of range: {where}")
         out.update(range(lo, hi + 1))

@@ -17,7 +17,9 @@ class Variant(StrEnum):
     POP_REPAIR = "pop_repair"  # pop, the skipped layers' K/V from fitted maps (beyond the paper)
 
 
-# What the vLLM plugin serves (pop_no_kv: settings.NO_KV_REASON; static is not POP).
+VARIANTS = tuple(Variant)  # every variant: the one meaning of this name
+
+# What the vLLM plugin serves (pop_no_kv: run_setting.NO_KV_REASON; static is not POP).
 SERVED = (Variant.FULL, Variant.POP, Variant.POP_NO_BOUNDARY, Variant.POP_REPAIR)
 
 

@@ -5,7 +5,7 @@ so the tests neither read nor pollute the repository's cache/results.
 """
 import re
 
-from dashboard.panels.generate_stream import agreement
+from pop_analysis.quality.metrics import agreement
 
 from apptest_util import app, charts, goto, temp_store, texts, wait_jobs  # noqa: F401 (fixture)
 
@@ -136,7 +136,7 @@ def test_generation_shows_both_outputs_speedup_and_call_counts():
     traces = gen["lens"]
     assert traces["full"].tokens == gen["full"]["token_ids"]
     assert [c[0][0] for c in traces["full"].topk] == gen["full"]["token_ids"], "greedy = top-1"
-    first = agreement(gen["full"]["token_ids"], gen["other"]["token_ids"])[1]
+    first = agreement(gen["full"]["token_ids"], gen["other"]["token_ids"]).first_divergence
     assert len(charts(at)) == (4 if first is None else 5)
     # The result and the inputs survive a page switch; a changed input marks it stale.
     goto(at, "overview")

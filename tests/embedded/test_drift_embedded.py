@@ -7,6 +7,7 @@ from pop_analysis.inspection.drift import (
     drift,
 )
 from pop_analysis.inspection.drift_length import drift_by_length, length_prompts
+from pop_vllm.run_setting import RunSetting
 
 QS = ("hidden", "k", "v", "attn_out")
 
@@ -20,7 +21,8 @@ def test_embedded_gsm8k_drift_and_by_length(embedded, shared_data, tmp_results):
     from pop_analysis.engine.generate import encode
 
     question = json.loads((shared_data / "gsm8k_test.jsonl").open().readline())["question"]
-    r = drift(embedded, encode(embedded, question), range(20, 30), DriftConfig(decode_steps=3))
+    r = drift(embedded, encode(embedded, question), RunSetting(range(20, 30)),
+              DriftConfig(decode_steps=3))
     for q in QS:
         d = worst(getattr(r, f"{q}_min")[:20])
         assert d < 1e-5, f"{q} before the block departs from 1 by {d}"
@@ -31,7 +33,8 @@ def test_embedded_gsm8k_drift_and_by_length(embedded, shared_data, tmp_results):
     assert r.tokens and len(r.tokens) == len(r.hidden_tok[0])
     prompts, repeated = length_prompts(embedded, [16, 48], ["a b c d e f g h"])
     assert [len(p) for p in prompts] == [16, 48] and repeated
-    rows = drift_by_length(embedded, [16, 48], range(20, 30), DriftConfig(decode_steps=2),
+    rows = drift_by_length(embedded, [16, 48], RunSetting(range(20, 30)),
+                           DriftConfig(decode_steps=2),
                            text_source=str(shared_data / "gsm8k_test.jsonl"))
     assert [row["length"] for row in rows] == [16, 48] and not rows[0]["repeated"]
     for row in rows:

@@ -6,6 +6,7 @@ import torch
 from pop_analysis.engine.generate import SamplingConfig, encode, run
 from pop_analysis.engine.pop import run_prompt, teacher_force
 from pop_analysis.engine.skipset import resolve
+from pop_vllm.run_setting import RunSetting
 
 
 def test_model_card(embedded):
@@ -16,7 +17,7 @@ def test_model_card(embedded):
 
 def test_full_path_equals_hf_generate(embedded):
     ids = encode(embedded, "Name three primary colours.")
-    ours = run(embedded, ids, "full", resolve(30, ratio=0.33),
+    ours = run(embedded, ids, RunSetting(resolve(30, ratio=0.33), "full"),
                SamplingConfig(max_new_tokens=20, stop_at_eos=False)).token_ids
     # An explicit mask: HF otherwise masks every token equal to pad_token_id (here <|im_end|>).
     prompt = torch.tensor([ids])
@@ -26,12 +27,11 @@ def test_full_path_equals_hf_generate(embedded):
     assert ours == hf[0, len(ids):].tolist()
 
 
-def continuation_nll(lm, prompt_ids, cont_ids, variant, skip) -> float:
-    """Mean NLL of cont_ids after prompt_ids: prompt via the variant, continuation full."""
-    first = run_prompt(lm.adapter, torch.tensor([prompt_ids]), variant, skip)
-    drop = tuple(skip) if variant == "static" else ()
+def continuation_nll(lm, prompt_ids, cont_ids, setting: RunSetting) -> float:
+    """Mean NLL of cont_ids after prompt_ids: prompt via the setting, continuation full."""
+    first = run_prompt(lm.adapter, torch.tensor([prompt_ids]), setting)
     rest = teacher_force(lm.adapter, torch.tensor([cont_ids[:-1]]), first.cache, first.position,
-                         drop)  # (1, C-1, V)
+                         setting.decode_drop)  # (1, C-1, V)
     logits = torch.cat([first.logits[:, None], rest], dim=1)[0]  # (C, V)
     return torch.nn.functional.cross_entropy(logits, torch.tensor(cont_ids)).item()
 
@@ -45,7 +45,7 @@ def test_pop_hurts_continuation_far_less_than_static(embedded, shared_data):
         p = tok(f"Question: {row['question']}\nAnswer:")["input_ids"]
         c = tok(" " + row["answer"])["input_ids"][:48]
         for v in nll:
-            nll[v].append(continuation_nll(embedded, p, c, v, skip))
+            nll[v].append(continuation_nll(embedded, p, c, RunSetting(skip, v)))
     mean = {v: sum(x) / len(x) for v, x in nll.items()}
     pop_cost, static_cost = mean["pop"] - mean["full"], mean["static"] - mean["full"]
     assert static_cost > 1.0, mean
@@ -55,9 +55,9 @@ def test_pop_hurts_continuation_far_less_than_static(embedded, shared_data):
 def test_pop_generation_differs_but_stays_fluent(embedded):
     ids = encode(embedded, "Write one sentence about the ocean.")
     cfg = SamplingConfig(max_new_tokens=16, stop_at_eos=False)
-    pop = run(embedded, ids, "pop", resolve(30, ratio=0.33), cfg)
-    static = run(embedded, ids, "static", resolve(30, ratio=0.33), cfg)
-    full = run(embedded, ids, "full", (), cfg)
+    pop = run(embedded, ids, RunSetting(resolve(30, ratio=0.33)), cfg)
+    static = run(embedded, ids, RunSetting(resolve(30, ratio=0.33), "static"), cfg)
+    full = run(embedded, ids, RunSetting.full(), cfg)
     # POP keeps the full model's first token far more often than static removal does.
     assert pop.token_ids[0] == full.token_ids[0]
     assert len(set(pop.token_ids)) > 4, pop.text

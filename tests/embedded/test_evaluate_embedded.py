@@ -4,7 +4,7 @@ import json
 import pytest
 
 from pop_analysis.quality.evalsets import load_eval_set, read_records
-from pop_analysis.quality.evaluate import Variant, evaluate_variants
+from pop_analysis.quality.evaluate import Arm, evaluate_variants
 from pop_analysis.quality.items import EvalDataError, EvalItem
 from pop_analysis.quality.metrics import (
     choose,
@@ -16,6 +16,7 @@ from pop_analysis.quality.retrieval import (
     grid_items,
     retrieval_items,
 )
+from pop_vllm.run_setting import RunSetting
 
 from tiny import forced_model, tiny_model
 
@@ -34,15 +35,16 @@ def test_forced_model_scores_100_percent(tokenizer):
     lm, seven = forced_model(tokenizer)
     prompt = tokenizer("Question: what is seven sevens?", add_special_tokens=False)["input_ids"]
     for variant, skip in (("full", ()), ("pop", (3, 4, 5)), ("static", (4, 5))):
-        assert greedy_tokens(lm, prompt, variant, skip, 5) == [seven] * 5
+        assert greedy_tokens(lm, prompt, RunSetting(skip, variant), 5) == [seven] * 5
     item = EvalItem(tuple(prompt), (seven,) * 4, answer="7777777")
     wrong = EvalItem(tuple(prompt), (seven,), answer="8")
-    out = evaluate_variants(lm, [item, wrong], [Variant("pop", "pop", (3, 4, 5))], 7)
+    out = evaluate_variants(lm, [item, wrong], [Arm("pop", RunSetting((3, 4, 5)))], 7)
     s = out["pop"]
     assert s.answer_correct == [1.0, 0.0] and s.greedy_agreement == [1.0, 1.0]
     assert max(s.continuation_nll) < 1e-6 and s.teacher_forced_top1 == [1.0, 1.0]
     other = tokenizer("8", add_special_tokens=False)["input_ids"]
-    best, scores = choose(lm, prompt, [other * 2, [seven] * 2, other + [seven]], "pop", (3, 4, 5))
+    best, scores = choose(lm, prompt, [other * 2, [seven] * 2, other + [seven]],
+                          RunSetting((3, 4, 5)))
     assert best == 1 and scores[0] < scores[2] < scores[1]
     assert out["full"].answer_correct == [1.0, 0.0]
 

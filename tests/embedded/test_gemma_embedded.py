@@ -7,6 +7,7 @@ from pop_analysis.engine.embedded import REGISTRY
 from pop_analysis.engine.generate import SamplingConfig, encode, run
 from pop_analysis.engine.pop import run_prompt
 from pop_analysis.engine.skipset import resolve
+from pop_vllm.run_setting import RunSetting
 
 GLOBAL = (5, 11, 17)  # every sixth layer attends globally, the others over a window of 512
 
@@ -47,11 +48,12 @@ def test_full_path_equals_hf_generate_within_and_past_the_window(gemma):
     skip = resolve(18, ratio=0.33)
     cfg = SamplingConfig(max_new_tokens=12, stop_at_eos=False)
     short = encode(gemma, "The capital of France is")
-    ours = run(gemma, short, "full", skip, cfg)
+    ours = run(gemma, short, RunSetting(skip, "full"), cfg)
     assert ours.token_ids == hf_greedy(gemma, short, 12)
     assert "capital" in ours.text or "Paris" in ours.text, ours.text  # a sensible continuation
     ids = long_prompt(gemma)
-    ours = run(gemma, ids, "full", skip, SamplingConfig(max_new_tokens=4, stop_at_eos=False))
+    ours = run(gemma, ids, RunSetting(skip, "full"),
+               SamplingConfig(max_new_tokens=4, stop_at_eos=False))
     assert ours.token_ids == hf_greedy(gemma, ids, 4)
 
 
@@ -59,7 +61,7 @@ def test_pop_skips_local_and_global_layers_and_keeps_every_cache_full(gemma):
     skip = resolve(18, ratio=0.33)
     assert skip == tuple(range(12, 18)) and 17 in GLOBAL  # the last third holds a global layer
     with count_calls(gemma.adapter) as calls:
-        pop = run(gemma, encode(gemma, "The capital of France is"), "pop", skip,
+        pop = run(gemma, encode(gemma, "The capital of France is"), RunSetting(skip),
                   SamplingConfig(max_new_tokens=3, stop_at_eos=False), counts=calls)
     c = calls.as_dict()
     assert c["prefill"]["attention"] == [1] * 12 + [0] * 6
@@ -71,14 +73,14 @@ def test_pop_skips_local_and_global_layers_and_keeps_every_cache_full(gemma):
     # the skipped global layer every position, exactly as the full model's caches.
     ids = torch.tensor([long_prompt(gemma)])  # (1, 560)
     a = gemma.adapter
-    full, mine = run_prompt(a, ids, "full"), run_prompt(a, ids, "pop", skip)
+    full, mine = run_prompt(a, ids, RunSetting.full()), run_prompt(a, ids, RunSetting(skip))
     for i in (12, 16, 17):
         assert a.cache_length(mine.cache, i) == a.cache_length(full.cache, i) == \
             (560 if i in GLOBAL else 511), i
     kept = [a.cached_kv(mine.cache, i)[0] for i in (0, 11)]  # below the block: identical
     assert all(torch.equal(k, a.cached_kv(full.cache, i)[0]) for k, i in zip(kept, (0, 11)))
     # POP's first token barely moves; removing the same layers outright (static) breaks it.
-    static = run_prompt(a, ids, "static", skip)
+    static = run_prompt(a, ids, RunSetting(skip, "static"))
     assert kl(full.logits, mine.logits) < 0.05 < 1.0 < kl(full.logits, static.logits)
 
 

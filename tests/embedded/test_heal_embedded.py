@@ -11,6 +11,7 @@ from pop_analysis.engine.heal import heal_greedy, heal_prompt
 from pop_analysis.engine.pop import decode_step, teacher_force
 from pop_analysis.engine.skipset import resolve
 from pop_vllm.healing import make
+from pop_vllm.run_setting import RunSetting
 
 TOL, KL_TOL = 1e-4, 1e-6
 TOKENS = 560  # past the 512-token window: the local layers' caches have dropped keys
@@ -26,7 +27,7 @@ def long_prompt(lm, shared_data) -> list[int]:
 def gaps(lm, prompt, skip, heal, n_new):
     """Heal while decoding n_new tokens, feed the last one, and compare with the full model."""
     a = lm.adapter
-    first, healer = heal_prompt(a, torch.tensor([prompt]), "pop", skip, heal)
+    first, healer = heal_prompt(a, torch.tensor([prompt]), RunSetting(skip, heal=heal))
     toks = heal_greedy(a, first, healer, n_new)[0].tolist()
     ids = prompt + toks
     logits = decode_step(a, torch.tensor([[toks[-1]]]), first.cache, len(ids) - 1)[0]  # (V,)
@@ -65,7 +66,8 @@ def test_plain_pop_is_far_from_the_full_cache(embedded, shared_data):
 def test_the_generator_reports_the_healing(embedded):
     ids = encode(embedded, "List three facts about the moon.")
     cfg = SamplingConfig(max_new_tokens=6, stop_at_eos=False)
-    g = run(embedded, ids, "pop", resolve(30, ratio=0.33), cfg, heal=make("budget", chunk=8, budget_positions=12))
+    setting = RunSetting(resolve(30, ratio=0.33), heal=make("budget", chunk=8, budget_positions=12))
+    g = run(embedded, ids, setting, cfg)
     rep = g.heal
     assert (rep["policy"], rep["chunk"], rep["budget_positions"]) == ("budget", 8, 12)
     assert rep["finished"] and rep["healed_positions"] == rep["positions"] == len(ids) + 5

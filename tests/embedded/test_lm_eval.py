@@ -8,6 +8,7 @@ from lm_eval.api.instance import Instance
 from pop_analysis import cli
 from pop_analysis.harness.lm_eval_model import PopLM, PopLMError
 from pop_analysis.quality.metrics import score_continuations
+from pop_vllm.run_setting import RunSetting
 
 from tiny import forced_model, tiny_model
 
@@ -95,7 +96,7 @@ def evaluate(model, tasks_dir, names, limit=2):
 
 def test_forced_model_scores_100_percent_through_the_harness(embedded, tasks):
     model = PopLM(lm=forced_lm(embedded.tokenizer), skip_ratio=0.5)
-    assert model.skip == (3, 4, 5)
+    assert model.setting.skip == (3, 4, 5)
     results, samples = evaluate(model, tasks, ["pop_sevens_gen", "pop_gsm8k_mc", "pop_gsm8k_gen"])
     assert results["pop_sevens_gen"]["exact_match,none"] == 1.0
     assert results["pop_gsm8k_mc"]["acc,none"] == 1.0  # "77" beats "88" and "87"
@@ -110,8 +111,8 @@ def test_loglikelihood_prunes_context_and_scores_continuation_in_full(embedded):
     (logprob, greedy), = model.loglikelihood([req])
     ctx_ids = embedded.tokenizer(ctx, add_special_tokens=False)["input_ids"]
     cont_ids = embedded.tokenizer(ctx + cont, add_special_tokens=False)["input_ids"][len(ctx_ids):]
-    pop = score_continuations(embedded, ctx_ids, [cont_ids], "pop", tuple(range(20, 30)))[0]
-    full = score_continuations(embedded, ctx_ids, [cont_ids], "full")[0]
+    pop = score_continuations(embedded, ctx_ids, [cont_ids], RunSetting(tuple(range(20, 30))))[0]
+    full = score_continuations(embedded, ctx_ids, [cont_ids], RunSetting.full())[0]
     assert abs(logprob - pop.total_logprob) < 1e-4 and greedy == pop.is_greedy
     assert abs(logprob - full.total_logprob) > 1e-4, "POP semantics should change the score"
 

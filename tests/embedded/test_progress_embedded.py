@@ -7,6 +7,7 @@ from pop_analysis.experiments.sweep import SweepConfig, length_sweep, ratio_swee
 from pop_analysis.inspection.drift import DriftConfig
 from pop_analysis.inspection.drift_length import drift_by_length
 from pop_analysis.progress import Cancelled
+from pop_vllm.run_setting import RunSetting
 
 from tiny import CancelWhen, tiny_model
 
@@ -48,5 +49,6 @@ def test_length_sweep_plan_weights_by_tokens_and_cancel_keeps_lengths(tok_lm):
 def test_cancelled_drift_by_length_keeps_finished_lengths(tok_lm):
     stop = CancelWhen(lambda u: u.message.startswith("32 tokens"))
     with pytest.raises(Cancelled) as e:
-        drift_by_length(tok_lm, [16, 32, 48], (4, 5), DriftConfig(decode_steps=2), progress=stop)
+        drift_by_length(tok_lm, [16, 32, 48], RunSetting((4, 5)), DriftConfig(decode_steps=2),
+                        progress=stop)
     assert [r["length"] for r in e.value.partial] == [16]

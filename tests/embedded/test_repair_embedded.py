@@ -18,6 +18,7 @@ from pop_analysis.inspection.drift import DriftConfig, drift
 from pop_analysis.quality.metrics import score_continuations
 from pop_analysis.repair import store as repair_store
 from pop_analysis.repair.fit import RepairConfig
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_model
 
@@ -47,7 +48,7 @@ def test_repair_moves_held_out_kv_towards_the_full_model(embedded, fitted, share
     question = json.loads((shared_data / "gsm8k_test.jsonl").open().readline())["question"]
     ids = encode(embedded, question)
     cfg = DriftConfig(decode_steps=2)
-    pop, fixed = (drift(embedded, ids, SKIP, cfg, variant=v) for v in ("pop", "pop_repair"))
+    pop, fixed = (drift(embedded, ids, RunSetting(SKIP, v), cfg) for v in ("pop", "pop_repair"))
     for i in SKIP[1:]:  # the first skipped layer's own projection is exact already
         assert fixed.v_cos[i] > pop.v_cos[i], (i, pop.v_cos[i], fixed.v_cos[i])
         assert fixed.k_cos[i] > pop.k_cos[i], (i, pop.k_cos[i], fixed.k_cos[i])
@@ -115,7 +116,7 @@ def test_lm_eval_model_takes_repair(embedded, fitted):
     (logprob, _), = model.loglikelihood([Instance("loglikelihood", {}, (ctx, cont), 0)])
     ctx_ids = embedded.tokenizer(ctx, add_special_tokens=False)["input_ids"]
     cont_ids = embedded.tokenizer(ctx + cont, add_special_tokens=False)["input_ids"][len(ctx_ids):]
-    want = score_continuations(embedded, ctx_ids, [cont_ids], "pop_repair", SKIP)[0]
+    want = score_continuations(embedded, ctx_ids, [cont_ids], RunSetting(SKIP, "pop_repair"))[0]
     assert abs(logprob - want.total_logprob) < 1e-4
     with pytest.raises(PopLMError, match="needs repair=KEY"):
         PopLM(lm=embedded, skip="27-29", variant="pop_repair")

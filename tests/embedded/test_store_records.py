@@ -20,6 +20,7 @@ from pop_analysis.importance.calibrate import (
 from pop_analysis.inspection.drift import DriftResult, cached_drift
 from pop_analysis.store import results as store
 from pop_analysis.store.records import RecordError, check
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_model
 
@@ -137,14 +138,14 @@ def test_drift_entries_are_checked_against_the_prompt_and_skip_set(lm, cache):
     from pop_analysis.inspection.drift import DriftConfig
 
     cfg = DriftConfig(decode_steps=2)
-    first, hit = cached_drift(lm, ids, (4, 5), cfg)
+    first, hit = cached_drift(lm, ids, RunSetting((4, 5)), cfg)
     assert not hit
     path = next(store.results_dir("drift").glob("*.json"))
     entry = json.loads(path.read_text())
     entry["payload"]["hidden_tok"] = entry["payload"]["hidden_tok"][:3]  # 3 layers of 6
     path.write_text(json.dumps(entry))
     notes = []
-    again, hit = cached_drift(lm, ids, (4, 5), cfg, notice=notes.append)
+    again, hit = cached_drift(lm, ids, RunSetting((4, 5)), cfg, notice=notes.append)
     assert not hit and len(again.hidden_tok) == 6 and "hidden_tok has 3 entries" in notes[0]
     check("drift", DriftResult, again.to_dict(), 6, {"prompt_tokens": len(ids)})
     with pytest.raises(RecordError, match="prompt_tokens"):

@@ -25,6 +25,7 @@ import pytest
 from pop_analysis.engine.generate import SamplingConfig, encode, run
 from pop_analysis.serving.server import group_members
 from pop_analysis.speed.procs import children
+from pop_vllm.run_setting import RunSetting
 
 from vllm_driver import check_venv, wait_until
 
@@ -71,7 +72,7 @@ def topology(embedded, tmp_path_factory):
     try:
         cfg = SamplingConfig(max_new_tokens=N_NEW, stop_at_eos=False)
         prompts = [encode(embedded, t) for t in TEXTS]  # while the instances start
-        ref = {v: [run(embedded, ids, v, tuple(s), cfg).token_ids for ids in prompts]
+        ref = {v: [run(embedded, ids, RunSetting(tuple(s), v), cfg).token_ids for ids in prompts]
                for v, s in (("pop", TAIL), ("full", ()))}
         line = p.stdout.readline()
         if not line:

@@ -19,6 +19,7 @@ from safetensors import safe_open
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import model_from_hf
 from pop_analysis.engine.pop import run_prompt
+from pop_vllm.run_setting import RunSetting
 
 from tiny_saved import SHAPE, tiny
 from vllm_driver import Driver, check_venv, ok
@@ -70,7 +71,7 @@ def handed(tmp_path_factory):
     try:
         lm = model_from_hf(model, name="tiny-llama")
         cfg = SamplingConfig(max_new_tokens=N_NEW, stop_at_eos=False)
-        ref = {v: [run(lm, p, v, tuple(s), cfg).token_ids for p in prompts]
+        ref = {v: [run(lm, p, RunSetting(tuple(s), v), cfg).token_ids for p in prompts]
                for v, s in (("pop", SKIP), ("full", ()))}
         ref["kv"] = {v: [_pop_lab_kv(lm, p, v, s) for p in prompts]
                      for v, s in (("pop", SKIP), ("full", ()))}
@@ -81,7 +82,7 @@ def handed(tmp_path_factory):
 
 def _pop_lab_kv(lm, prompt, variant, skip) -> list:
     """Per layer, POP Lab's (K, V) of positions 0..N-2, (Hkv, N-1, Dh) each."""
-    first = run_prompt(lm.adapter, torch.tensor([prompt]), variant, tuple(skip))
+    first = run_prompt(lm.adapter, torch.tensor([prompt]), RunSetting(tuple(skip), variant))
     out = []
     for i in range(lm.adapter.n_layers):
         k, v = lm.adapter.cached_kv(first.cache, i)  # (1, Hkv, N, Dh) each

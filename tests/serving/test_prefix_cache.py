@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pop_analysis.engine.generate import SamplingConfig, encode, run
+from pop_vllm.run_setting import RunSetting
 
 from vllm_driver import Driver, check_venv, ok
 
@@ -57,10 +58,10 @@ def cached(embedded):
         turns, prompt, answer = [], [], []
         for m in messages:  # POP Lab's conversation: each turn on its own answers
             prompt = prompt + answer + m
-            answer = run(embedded, prompt, "pop", TAIL, cfg).token_ids
+            answer = run(embedded, prompt, RunSetting(TAIL), cfg).token_ids
             turns.append((prompt, answer))
-        ref = {"chat": turns, "pop": run(embedded, question, "pop", TAIL, cfg).token_ids,
-               "full": run(embedded, question, "full", (), cfg).token_ids}
+        ref = {"chat": turns, "pop": run(embedded, question, RunSetting(TAIL), cfg).token_ids,
+               "full": run(embedded, question, RunSetting.full(), cfg).token_ids}
     finally:
         job = driver.results()[0]
     return question, ok(job)["runs"], ref

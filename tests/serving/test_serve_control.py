@@ -31,10 +31,11 @@ from pop_analysis.engine.pop import run_prompt, teacher_force
 from pop_analysis.serving import venv
 from pop_analysis.serving.server import group_members
 from pop_analysis.serving.session import Serving
-from pop_analysis.serving.spec import make_spec
+from pop_analysis.serving.spec import spec_for
 from pop_analysis.serving.venv import ServingError
 from pop_analysis.speed import procs
 from pop_vllm.engine_env import CONTROL_ROUTE, CONTROL_TOKEN_ENV
+from pop_vllm.run_setting import RunSetting
 
 from vllm_driver import wait_until
 
@@ -52,7 +53,8 @@ import json, sys, urllib.request, urllib.error
 url, routes = sys.argv[1], json.loads(sys.argv[2])
 out = {}
 for route, headers in routes:
-    body = json.dumps({"method": "pop_set", "args": [[], "full"], "new_data_parallel_size": 2,
+    body = json.dumps({"method": "pop_set", "args": [RunSetting.full().as_config()],
+                       "new_data_parallel_size": 2,
                        "level": 1}).encode()
     req = urllib.request.Request(url + route, body, {"Content-Type": "application/json", **headers})
     try:
@@ -73,7 +75,7 @@ def serving(embedded):
         venv.python()
     except ServingError as e:
         pytest.fail(f"{e} (the serving tests need it: bash {venv.INSTALL_SCRIPT})")
-    spec = make_spec("smollm2-135m", SKIP, "pop", max_model_len=1024, kv_cache_gib=1)
+    spec = spec_for("smollm2-135m", RunSetting(SKIP), max_model_len=1024, kv_cache_gib=1)
     with Serving(spec, engines="one", progress=lambda *step: STARTED.append(step)) as s:
         yield s
 
@@ -132,7 +134,7 @@ def test_the_switch_works_with_the_secret(serving):
     stats = engine.control("pop_stats")[0]
     assert stats["variant"] == "pop" and stats["skip"] == list(SKIP)
     with pytest.raises(ServingError, match="HTTP 400.*out of range"):  # a bad setting: one line
-        engine.control("pop_set", [[40], "pop"])
+        engine.control("pop_set", [RunSetting([40]).as_config()])
     assert variant_now(engine) == "pop"
 
 
@@ -160,7 +162,7 @@ def full_model_logprobs(lm, ids: list[int]) -> list[float]:
 @torch.inference_mode()
 def pop_lab_generated_logprobs(lm, ids, variant, skip, tokens) -> list[float]:
     """POP Lab's log-probs of `tokens` generated after prompt `ids` under `variant`."""
-    first = run_prompt(lm.adapter, torch.tensor([ids]), variant, skip)
+    first = run_prompt(lm.adapter, torch.tensor([ids]), RunSetting(skip, variant))
     out = [torch.log_softmax(first.logits[0], -1)[tokens[0]].item()]
     if len(tokens) > 1:
         logits = teacher_force(lm.adapter, torch.tensor([tokens[:-1]]), first.cache, first.position)
@@ -181,7 +183,7 @@ def test_prompt_logprobs_on_a_pop_engine_are_the_full_models(serving, embedded):
     full = {echo: prompt_logprobs(engine.url, name, ids, echo) for echo in (True, False)}
     assert close(full[True][0], model_lp) < TOL
     for variant in ("pop", "pop_no_boundary"):
-        engine.switch(SKIP, variant)
+        engine.switch(RunSetting(SKIP, variant))
         engine.control("pop_reset_stats")
         for echo in (True, False):
             prompt, generated = prompt_logprobs(engine.url, name, ids, echo)
@@ -190,7 +192,7 @@ def test_prompt_logprobs_on_a_pop_engine_are_the_full_models(serving, embedded):
         stats = engine.control("pop_stats")[0]
         assert stats["variant"] == variant and stats["pruned_tokens"] == 0
         assert stats["logprob_full_tokens"] >= 2 * (len(ids) - 1)
-    engine.switch(SKIP, "pop")
+    engine.switch(RunSetting(SKIP))
 
 
 def test_generated_logprobs_on_a_pop_engine_are_pops(serving, embedded):

@@ -17,9 +17,10 @@ import pytest
 
 from pop_analysis.serving import venv
 from pop_analysis.serving.server import Engine, EngineSpec, group_members
-from pop_analysis.serving.spec import make_spec
+from pop_analysis.serving.spec import spec_for
 from pop_analysis.serving.venv import ServingError
 from pop_analysis.speed.procs import children
+from pop_vllm.run_setting import RunSetting, SettingError
 
 from vllm_driver import wait_until
 
@@ -36,7 +37,7 @@ def serving_venv():
 
 @pytest.fixture(scope="module")
 def spec(serving_venv, embedded):
-    return make_spec("smollm2-135m", (), "full", max_model_len=1024, kv_cache_gib=1)
+    return spec_for("smollm2-135m", RunSetting.full(), max_model_len=1024, kv_cache_gib=1)
 
 
 def one_line(e) -> str:
@@ -48,13 +49,13 @@ def one_line(e) -> str:
 def test_missing_venv_one_line(monkeypatch, tmp_path, embedded):
     monkeypatch.setenv("POP_LAB_VLLM_VENV", str(tmp_path / "nowhere"))
     with pytest.raises(ServingError) as e:
-        Engine(make_spec("smollm2-135m", (), "full")).start()
+        Engine(spec_for("smollm2-135m", RunSetting.full())).start()
     assert "missing" in one_line(e) and venv.INSTALL_SCRIPT in str(e.value)
     (tmp_path / "half" / "bin").mkdir(parents=True)  # a venv without vLLM
     (tmp_path / "half" / "bin" / "python").symlink_to(sys.executable)
     monkeypatch.setenv("POP_LAB_VLLM_VENV", str(tmp_path / "half"))
     with pytest.raises(ServingError) as e:
-        Engine(make_spec("smollm2-135m", (), "full")).start()
+        Engine(spec_for("smollm2-135m", RunSetting.full())).start()
     assert "incomplete" in one_line(e) and venv.INSTALL_SCRIPT in str(e.value)
 
 
@@ -72,22 +73,22 @@ def test_port_in_use_one_line(spec):
 
 def test_bad_settings_one_line(spec, tmp_path):
     with pytest.raises(ServingError) as e:
-        make_spec("smollm2-135m", (), "pop")
+        spec_for("smollm2-135m", RunSetting(()))
     assert "non-empty skip set" in one_line(e)
-    with pytest.raises(ServingError) as e:
-        make_spec("smollm2-135m", (20,), "nonsense")
+    with pytest.raises(SettingError) as e:
+        spec_for("smollm2-135m", RunSetting((20,), "nonsense"))
     assert "unknown variant" in one_line(e)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
                                                       "num_hidden_layers": 4}))
     with pytest.raises(ServingError) as e:
-        Engine(make_spec(str(tmp_path), (1, 2), "pop")).start()
+        Engine(spec_for(str(tmp_path), RunSetting((1, 2)))).start()
     assert "GPT2LMHeadModel" in one_line(e)
     for engine, words in (({"tensor_parallel": 2}, "does not divide the model's 9 attention heads"),
                           ({"pipeline_parallel": 31, "eager": False}, "exceeds the model's 30 layers"),
                           ({"pipeline_parallel": 2}, "compiled mode only"),
                           ({"tensor_parallel": 3, "pipeline_parallel": 3, "eager": False}, "need a core each")):
         with pytest.raises(ServingError) as e:  # before anything starts
-            make_spec("smollm2-135m", (20,), "pop", **engine)
+            spec_for("smollm2-135m", RunSetting((20,)), **engine)
         assert words in one_line(e)
 
 
@@ -96,8 +97,8 @@ def test_compiled_mode_drops_enforce_eager():
     (vLLM then compiles the stock model and the plugin its pieces: tests/test_vllm_compiled.py)."""
     from pop_analysis.serving.server import command
 
-    eager = command(make_spec("smollm2-135m", (20, 21), "pop"), "python", 8000)
-    compiled = command(make_spec("smollm2-135m", (20, 21), "pop", eager=False), "python", 8000)
+    eager = command(spec_for("smollm2-135m", RunSetting((20, 21))), "python", 8000)
+    compiled = command(spec_for("smollm2-135m", RunSetting((20, 21)), eager=False), "python", 8000)
     assert "--enforce-eager" in eager and "--enforce-eager" not in compiled
     assert [a for a in eager if a != "--enforce-eager"] == compiled
 
@@ -105,17 +106,21 @@ def test_compiled_mode_drops_enforce_eager():
 def test_pop_repair_spec_passes_the_maps_file(spec, tmp_path):
     from pop_analysis.serving.server import command
 
-    maps = str(tmp_path / "KEY.safetensors")
-    s = make_spec("smollm2-135m", (20, 21), "pop_repair", repair=maps)
+    maps = tmp_path / "KEY.safetensors"
+    maps.write_bytes(b"")  # the engine reads it; the spec only needs it to exist
+    s = spec_for("smollm2-135m", RunSetting((20, 21), "pop_repair", str(maps)))
     cmd = command(s, "python", 8000)
     pop = json.loads(cmd[cmd.index("--hf-overrides") + 1])["pop"]
-    assert pop == {"skip": [20, 21], "variant": "pop_repair", "repair": maps}
+    assert pop == {"skip": [20, 21], "variant": "pop_repair", "repair": str(maps)}
     for args, words in ((((20,), "pop_repair"), "needs a repair"),
-                        (((20,), "pop", maps), "pop_repair only"),
-                        (((20,), "pop_no_kv"), "not supported in vLLM")):
+                        (((20,), "pop_no_kv"), "not supported in vLLM"),
+                        (((20,), "static"), "removes layers in decode too")):
         with pytest.raises(ServingError) as e:
-            make_spec("smollm2-135m", *args)
+            spec_for("smollm2-135m", RunSetting(*args))
         assert words in one_line(e)
+    with pytest.raises(SettingError) as e:  # refused where the setting is built
+        RunSetting((20,), "pop", str(maps))
+    assert "pop_repair only" in one_line(e)
 
 
 def test_unsupported_architecture_one_line(spec, tmp_path):
@@ -165,7 +170,8 @@ def pop_lab_tokens(lm, variant: str, skip, n_new: int = 8):
 
     prompts = [encode(lm, t) for t in HTTP_TEXTS]
     cfg = SamplingConfig(max_new_tokens=n_new, stop_at_eos=False)
-    return prompts, [run(lm, ids, variant, tuple(skip), cfg).token_ids for ids in prompts]
+    setting = RunSetting(skip, variant)
+    return prompts, [run(lm, ids, setting, cfg).token_ids for ids in prompts]
 
 
 def completion_token_ids(url: str, prompts, n_new: int = 8) -> list[list[int]]:

@@ -7,6 +7,7 @@ import pytest
 
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import model_from_hf
+from pop_vllm.run_setting import RunSetting
 
 from tiny_saved import prompts as tiny_prompts
 from tiny_saved import tiny
@@ -40,7 +41,7 @@ def compiled():
         ref = {}
         for arch, model in models.items():
             lm = model_from_hf(model, name=arch)
-            ref[arch] = {key: [run(lm, p, v, tuple(s), cfg).token_ids for p in prompts]
+            ref[arch] = {key: [run(lm, p, RunSetting(tuple(s), v), cfg).token_ids for p in prompts]
                          for key, v, s in [("block", "pop", BLOCK), ("full", "full", ()),
                                            ("other", "pop", OTHER)]}
     finally:

@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 from pop_analysis.engine.generate import SamplingConfig, encode, run
 from pop_analysis.repair import store as repair_store
 from pop_analysis.repair.fit import RepairConfig, fit_repair
-from pop_analysis.repair.store import maps_path
+from pop_analysis.repair.store import maps_file
+from pop_vllm.run_setting import RunSetting
 
 from vllm_driver import Driver, check_venv, ok
 
@@ -127,8 +128,8 @@ def engine(embedded, tmp_path_factory):
         mp.setenv("POP_LAB_CACHE", str(tmp_path_factory.mktemp("cache")))
         reps = {tuple(s): repair_store.save(fit_repair(embedded, s, RepairConfig(n_samples=48)))
                 for s in (TAIL, UPPER)}
-        maps = {"good": maps_path(embedded, TAIL, reps[tuple(TAIL)].key),  # as serve finds it
-                "upper": maps_path(embedded, UPPER, reps[tuple(UPPER)].key),
+        maps = {"good": maps_file(reps[tuple(TAIL)].key),  # as serve finds it
+                "upper": maps_file(reps[tuple(UPPER)].key),
                 **_maps(tmp_path_factory.mktemp("maps"), reps[tuple(TAIL)])}
         driver = Driver("engine", _jobs(prompts, maps))
         try:
@@ -140,17 +141,19 @@ def engine(embedded, tmp_path_factory):
 
 def _references(lm, prompts, reps) -> dict:
     cfg = SamplingConfig(max_new_tokens=N_NEW, stop_at_eos=False)
-    ref = {(v, tuple(s)): [run(lm, p, v, tuple(s), cfg).token_ids for p in prompts]
+    ref = {(v, tuple(s)): [run(lm, p, RunSetting(tuple(s), v), cfg).token_ids for p in prompts]
            for v, s in [("full", ()), ("pop", TAIL), ("pop", SPLIT), ("pop_no_boundary", TAIL)]}
     long = SamplingConfig(max_new_tokens=N_PREEMPT, stop_at_eos=False)
-    ref[("pop", tuple(TAIL), N_PREEMPT)] = [run(lm, p, "pop", TAIL, long).token_ids for p in prompts]
+    ref[("pop", tuple(TAIL), N_PREEMPT)] = [run(lm, p, RunSetting(TAIL), long).token_ids
+                                            for p in prompts]
     for skip, rep_ in reps.items():
         repair_store.attach(lm, rep_, skip)
     try:
         for skip in reps:
-            ref[("pop_repair", skip)] = [run(lm, p, "pop_repair", skip, cfg).token_ids
+            ref[("pop_repair", skip)] = [run(lm, p, RunSetting(skip, "pop_repair"), cfg).token_ids
                                          for p in prompts]
-        ref[("pop_repair", tuple(TAIL), N_PREEMPT)] = [run(lm, p, "pop_repair", TAIL, long).token_ids
+        repaired = RunSetting(TAIL, "pop_repair")
+        ref[("pop_repair", tuple(TAIL), N_PREEMPT)] = [run(lm, p, repaired, long).token_ids
                                                        for p in prompts]
     finally:
         for skip in reps:

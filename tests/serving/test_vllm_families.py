@@ -6,6 +6,7 @@ import pytest
 
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import model_from_hf
+from pop_vllm.run_setting import RunSetting
 
 from tiny_saved import prompts as tiny_prompts
 from tiny_saved import tiny
@@ -36,8 +37,9 @@ def families():
         ref = {}
         for arch, model in models.items():
             lm = model_from_hf(model, name=arch)
-            ref[arch] = {v: [run(lm, p, v, tuple(SKIP) if v == "pop" else (), cfg).token_ids
-                             for p in prompts] for v in ("pop", "full")}
+            settings = {"pop": RunSetting(SKIP), "full": RunSetting.full()}
+            ref[arch] = {v: [run(lm, p, s, cfg).token_ids for p in prompts]
+                         for v, s in settings.items()}
     finally:
         results = driver.results()
     return prompts, dict(zip(FAMILIES, results)), ref

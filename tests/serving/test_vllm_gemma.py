@@ -16,7 +16,8 @@ import pytest
 from pop_analysis.engine.generate import SamplingConfig, encode, run
 from pop_analysis.repair import store as repair_store
 from pop_analysis.repair.fit import RepairConfig, fit_repair
-from pop_analysis.repair.store import maps_path
+from pop_analysis.repair.store import maps_file
+from pop_vllm.run_setting import RunSetting
 
 from vllm_driver import Driver, check_venv, ok
 
@@ -61,7 +62,7 @@ def gemma_engine(gemma, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # the repair goes to a temporary store
         mp.setenv("POP_LAB_CACHE", str(tmp_path_factory.mktemp("cache")))
         rep = repair_store.save(fit_repair(gemma, TAIL, RepairConfig(n_samples=64)))  # 640 features
-        maps = maps_path(gemma, TAIL, rep.key)
+        maps = maps_file(rep.key)
         job = {"model": str(MODEL), "architecture": "Gemma3ForCausalLM", "engine": ENGINE,
                "pop": {"skip": TAIL, "variant": "pop"}, "runs": _runs(prompts, maps)}
         driver = Driver("gemma", [job])
@@ -74,12 +75,12 @@ def gemma_engine(gemma, tmp_path_factory):
 
 def _references(lm, prompts, rep) -> dict:
     cfg = SamplingConfig(max_new_tokens=N_NEW, stop_at_eos=False)
-    ref = {(v, tuple(s)): [run(lm, p, v, tuple(s), cfg).token_ids for p in prompts]
+    ref = {(v, tuple(s)): [run(lm, p, RunSetting(tuple(s), v), cfg).token_ids for p in prompts]
            for v, s in [("full", ()), ("pop", TAIL), ("pop", SPLIT), ("pop_no_boundary", TAIL)]}
     repair_store.attach(lm, rep, TAIL)
     try:
-        ref[("pop_repair", tuple(TAIL))] = [run(lm, p, "pop_repair", TAIL, cfg).token_ids
-                                            for p in prompts]
+        repaired = RunSetting(TAIL, "pop_repair")
+        ref[("pop_repair", tuple(TAIL))] = [run(lm, p, repaired, cfg).token_ids for p in prompts]
     finally:
         lm.adapter.kv_maps.pop(tuple(TAIL), None)
     return ref

@@ -10,12 +10,13 @@ tiny random weights (greedy, eager, 16-token batch budget).
   stage, 2-4 across both), compiled: pop, pop_no_boundary, full. Eager pipelines are refused in one
   line (vLLM 0.32's CPU backend fails them at the first step, stock models too).
 """
-import torch
 import pytest
+import torch
 from safetensors.torch import save_file
 
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import model_from_hf
+from pop_vllm.run_setting import RunSetting
 
 from tiny_saved import prompts as tiny_prompts
 from tiny_saved import tiny
@@ -69,7 +70,8 @@ def parallel():
     driver = Driver("parallel", jobs)
     try:
         cfg = SamplingConfig(max_new_tokens=N_NEW, stop_at_eos=False)
-        gen = lambda lm, v, s: [run(lm, p, v, tuple(s), cfg).token_ids for p in prompts]  # noqa: E731
+        gen = lambda lm, v, s: [run(lm, p, RunSetting(s, v), cfg).token_ids  # noqa: E731
+                                for p in prompts]
         lm = model_from_hf(llama, name="tiny-llama")
         lm.adapter.register_kv_maps(SKIP, maps, "test maps")
         ref = {"tp": [gen(lm, "pop", SKIP), gen(lm, "pop_repair", SKIP), gen(lm, "full", ())]}

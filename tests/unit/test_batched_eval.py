@@ -4,23 +4,25 @@ import math
 import pytest
 import torch
 
-from pop_analysis.engine.pop import decode_drop, run_prompt, teacher_force
+from pop_analysis.engine.pop import run_prompt, teacher_force
 from pop_analysis.quality.evaluate import (
     LOGIT_BUDGET,
     PER_ITEM,
     TOKEN_BUDGET,
-    Variant,
+    Arm,
     batches,
     evaluate_variants,
     token_budget_for,
 )
 from pop_analysis.quality.items import EvalDataError, EvalItem
 from pop_analysis.quality.metrics import agreement, greedy_tokens, score_continuations
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_model, tiny_prompt
 
-VARIANTS = [Variant("pop", "pop", (3, 4, 5)), Variant("static", "static", (4, 5)),
-            Variant("no_boundary", "pop_no_boundary", (2, 3)), Variant("shallow", "pop", (0, 1))]
+VARIANTS = [Arm("pop", RunSetting((3, 4, 5))), Arm("static", RunSetting((4, 5), "static")),
+            Arm("no_boundary", RunSetting((2, 3), "pop_no_boundary")),
+            Arm("shallow", RunSetting((0, 1)))]
 
 
 ITEMS = [EvalItem(tuple(tiny_prompt(n, seed=n)), tuple(tiny_prompt(m, seed=50 + n)) if m else ())
@@ -70,18 +72,18 @@ def test_batched_equals_one_item_at_a_time(lm):
 def test_engine_equals_the_one_prompt_primitives(lm):
     out = evaluate_variants(lm, ITEMS, VARIANTS, 6)
     for i, it in enumerate(ITEMS):
-        ref = greedy_tokens(lm, it.prompt_ids, "full", (), 6)
+        ref = greedy_tokens(lm, it.prompt_ids, RunSetting.full(), 6)
         cont = list(it.reference_ids) or ref
-        full = score_continuations(lm, it.prompt_ids, [cont], "full")[0]
+        full = score_continuations(lm, it.prompt_ids, [cont], RunSetting.full())[0]
         for v in VARIANTS:
-            s = score_continuations(lm, it.prompt_ids, [cont], v.engine, v.skip)[0]
+            s = score_continuations(lm, it.prompt_ids, [cont], v.setting)[0]
             got = out[v.name]
             assert close(got.continuation_nll[i], s.nll), (v.name, i)
             top1 = sum(a == b for a, b in zip(s.argmax, cont)) / len(cont)
             assert close(got.teacher_forced_top1[i], top1), (v.name, i)
             agree = sum(a == b for a, b in zip(s.argmax, full.argmax)) / len(cont)
             assert close(got.next_token_top1[i], agree), (v.name, i)
-            ag = agreement(ref, greedy_tokens(lm, it.prompt_ids, v.engine, v.skip, 6))
+            ag = agreement(ref, greedy_tokens(lm, it.prompt_ids, v.setting, 6))
             assert (got.greedy_agreement[i], got.first_divergence[i]) == (ag.match_rate,
                                                                            ag.first_divergence)
 
@@ -92,12 +94,12 @@ def test_kl_is_the_full_models_divergence_on_every_token(lm):
     a, ids = lm.adapter, torch.tensor([list(it.prompt_ids)])
     fed = torch.tensor([list(it.reference_ids[:-1])])  # (1, M-1)
 
-    def logprobs(engine, skip):
-        first = run_prompt(a, ids, engine, skip)
-        logits = teacher_force(a, fed, first.cache, first.position, decode_drop(engine, skip))
+    def logprobs(setting):
+        first = run_prompt(a, ids, setting)
+        logits = teacher_force(a, fed, first.cache, first.position, setting.decode_drop)
         return torch.log_softmax(torch.cat([first.logits[:, None], logits], 1)[0], -1)  # (M, V)
 
-    p, q = logprobs("full", ()), logprobs(v.engine, v.skip)
+    p, q = logprobs(RunSetting.full()), logprobs(v.setting)
     ref = torch.nn.functional.kl_div(q, p, log_target=True, reduction="none").sum(-1).mean()
     assert got > 0 and close(got, ref.item(), 1e-5), (got, ref.item())
 
@@ -108,7 +110,7 @@ def test_bad_requests(lm):
     with pytest.raises(EvalDataError, match="twice"):
         evaluate_variants(lm, ITEMS[:1], [VARIANTS[0], VARIANTS[0]], 4)
     with pytest.raises(ValueError, match="unknown variant"):
-        evaluate_variants(lm, ITEMS[:1], [Variant("x", "half", (1,))], 4)
+        evaluate_variants(lm, ITEMS[:1], [Arm("x", RunSetting((1,), "half"))], 4)
 
 
 @pytest.mark.parametrize("family", ["mistral_sliding", "gemma2"])
@@ -118,17 +120,18 @@ def test_sliding_window_models_run_every_layer_and_agree(family):
     from pop_analysis.engine.trunk import start_layer
 
     lm = build(family)
-    assert start_layer(lm.adapter, "pop", (3, 4, 5)) == 0  # no trunk shared across a window
+    assert start_layer(lm.adapter, RunSetting((3, 4, 5))) == 0  # no trunk shared across a window
     out = evaluate_variants(lm, ITEMS[:3], VARIANTS[:2], 4)
     for i, it in enumerate(ITEMS[:3]):
-        cont = list(it.reference_ids) or greedy_tokens(lm, it.prompt_ids, "full", (), 4)
-        s = score_continuations(lm, it.prompt_ids, [cont], "pop", (3, 4, 5))[0]
+        cont = list(it.reference_ids) or greedy_tokens(lm, it.prompt_ids, RunSetting.full(), 4)
+        s = score_continuations(lm, it.prompt_ids, [cont], RunSetting((3, 4, 5)))[0]
         assert close(out["pop"].continuation_nll[i], s.nll), (family, i)
 
 
 def test_trunk_is_shared_from_the_first_skipped_layer(lm):
     from pop_analysis.engine.trunk import start_layer
 
-    assert start_layer(lm.adapter, "pop", (3, 4, 5)) == 3
-    assert start_layer(lm.adapter, "static", (5, 2)) == 2
-    assert start_layer(lm.adapter, "full", ()) == start_layer(lm.adapter, "pop", (0, 1)) == 0
+    assert start_layer(lm.adapter, RunSetting((3, 4, 5))) == 3
+    assert start_layer(lm.adapter, RunSetting((5, 2), "static")) == 2
+    assert start_layer(lm.adapter, RunSetting.full()) == 0
+    assert start_layer(lm.adapter, RunSetting((0, 1))) == 0

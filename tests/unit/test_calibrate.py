@@ -21,6 +21,7 @@ from pop_analysis.importance.calibrate import (
 )
 from pop_analysis.importance.gates import gated
 from pop_analysis.speed.flops import ideal_speedup
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_model, tiny_prompt
 
@@ -37,8 +38,8 @@ def test_batched_sampling_equals_batch_one_generation(lm):
     seeds = [11, 22, 33, 44, 55]
     together = sample_responses(lm, PROMPTS, seeds, cfg)
     for p, s, got in zip(PROMPTS, seeds, together):
-        alone = run_generation(lm, p, "full", cfg=SamplingConfig(max_new_tokens=7, temperature=1.0,
-                                                                  seed=s))
+        alone = run_generation(lm, p, RunSetting.full(),
+                               cfg=SamplingConfig(max_new_tokens=7, temperature=1.0, seed=s))
         assert got == alone.token_ids
 
 
@@ -112,7 +113,8 @@ def test_suggest_skip():
     r = fake_result([5, 0.1, 4, 3, 0.2, 2, 0.3, 1, 0.5])  # 9 layers: paper skips the last 3
     s = suggest_skip(r)
     assert s["paper"].layers == (6, 7, 8) and s["adaptive"].layers == (1, 4, 6)
-    assert s["adaptive"].ideal_speedup == pytest.approx(ideal_speedup(Shape(**r.shape), 512, (1, 4, 6)))
+    want = ideal_speedup(Shape(**r.shape), 512, RunSetting((1, 4, 6)))
+    assert s["adaptive"].ideal_speedup == pytest.approx(want)
     assert s["paper"].ideal_speedup > 1.0 and "threshold" not in s
     assert suggest_skip(r, n_skip=2, contiguous_tail=True)["adaptive"].layers == (6, 7)
     t = suggest_skip(r, threshold=0.6)

@@ -9,7 +9,7 @@ from dashboard.charts import layers as layer_charts
 from dashboard.charts import stepthrough as step_charts
 from dashboard.charts import style
 from dashboard.charts import sweeps as sweep_charts
-from dashboard.panels.generate_stream import agreement, repeats
+from dashboard.panels.generate_text import repeats
 from pop_analysis.experiments.paper import PAPER_DRIFT
 
 
@@ -74,13 +74,6 @@ def test_drift_panels_restrict_to_the_skipped_block_and_draw_the_papers_values()
 def test_a_loop_is_named_and_ordinary_text_is_not():
     assert repeats([5, 9, 9, 9, 9, 2]) and repeats([1, 7, 8, 7, 8, 7, 8])
     assert not repeats([1, 2, 3, 1, 2, 4, 1, 2, 5]) and not repeats([4, 4, 4])
-
-
-def test_agreement_and_first_divergence():
-    assert agreement([1, 2, 3], [1, 2, 3]) == (1.0, None)
-    assert agreement([1, 2, 3], [1, 5, 3]) == (2 / 3, 1)
-    assert agreement([1, 2], [1, 2, 3]) == (2 / 3, 2), "a missing token is a difference"
-    assert agreement([], []) == (1.0, None)
 
 
 SPEED_ROWS = [  # two timed lengths (one flagged), as a length sweep stores them
@@ -205,7 +198,7 @@ class _Tok:
 
 
 def test_outputs_hide_special_tokens_and_cut_blank_line_runs():
-    from dashboard.panels.generate_stream import readable_pieces, readable_text
+    from dashboard.panels.generate_text import readable_pieces, readable_text
 
     ids = [0, 1, 2, 1, 1, 5, 4, 3]  # "Hi" + 4 newlines (with spaces) + "there" + <|im_end|>
     pieces = readable_pieces(_Tok(), ids)

@@ -9,6 +9,7 @@ import pytest
 
 from pop_vllm.engine_env import CONTROL_ROUTE, CONTROL_TOKEN_ENV
 from pop_vllm.guards import MAX_BODY, ControlGuard, is_open
+from pop_vllm.run_setting import RunSetting
 
 SECRET = "s3cret-0123456789"
 
@@ -22,8 +23,8 @@ class Client:
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.calls.append((method, args))
         if self.fail:
-            raise RuntimeError(f"Worker failed with error:\nPopSettingsError: {self.fail}")
-        return [{"variant": args[1] if args else None}] * 2
+            raise RuntimeError(f"Worker failed with error:\nSettingError: {self.fail}")
+        return [{"variant": args[0]["variant"] if args else None}] * 2
 
 
 class App:
@@ -118,12 +119,13 @@ def test_every_other_request_needs_the_secret(monkeypatch, method, path):
 def test_the_control_route_runs_plugin_methods_only_with_the_secret(monkeypatch):
     client = Client()
     g, app = guard(monkeypatch, client=client)
-    assert control(g, app, secret=None, method="pop_set", args=[[], "full"])[0] == 401
-    assert control(g, app, secret="guessed", method="pop_set", args=[[], "full"])[0] == 401
+    full, pop = RunSetting.full().as_config(), RunSetting((20, 21)).as_config()
+    assert control(g, app, secret=None, method="pop_set", args=[full])[0] == 401
+    assert control(g, app, secret="guessed", method="pop_set", args=[full])[0] == 401
     assert client.calls == []
-    status, body = control(g, app, method="pop_set", args=[[20, 21], "pop"])
+    status, body = control(g, app, method="pop_set", args=[pop])
     assert status == 200 and body == {"results": [{"variant": "pop"}] * 2}
-    assert client.calls == [("pop_set", ([20, 21], "pop"))]
+    assert client.calls == [("pop_set", (pop,))]
     for body, words in (({"method": "load_model"}, "method must be one of"),
                         ({"method": "pop_set", "args": "x"}, "args must be a list")):
         status, reply = control(g, app, **body)
@@ -138,9 +140,9 @@ def test_the_control_route_runs_plugin_methods_only_with_the_secret(monkeypatch)
 
 
 def test_a_refused_setting_is_one_line(monkeypatch):
-    g, app = guard(monkeypatch, client=Client(fail="skip layer(s) 40 out of range"))
-    status, body = control(g, app, method="pop_set", args=[[40], "pop"])
-    assert status == 400 and body["error"] == "PopSettingsError: skip layer(s) 40 out of range"
+    g, app = guard(monkeypatch, client=Client(fail="layer(s) 40 out of range"))
+    status, body = control(g, app, method="pop_set", args=[RunSetting([40]).as_config()])
+    assert status == 400 and body["error"] == "SettingError: layer(s) 40 out of range"
 
 
 def test_without_a_secret_the_control_route_is_off(monkeypatch):

@@ -11,6 +11,7 @@ from test_families import build
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import load_model
 from pop_analysis.engine.pop import decode_step, greedy_batch, run_prompt
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_prompt
 
@@ -32,7 +33,7 @@ def test_hidden_states_cross_devices_in_prefill_boundary_and_decode(name, varian
     a = lm.adapter
     assert a.device.type == "cpu" and a.layer_device(2).type == "meta"
     ids = torch.tensor([tiny_prompt(12)])  # longer than Gemma's tiny window: masks move too
-    first = run_prompt(a, ids, variant, (4, 5))  # skipped layers 4, 5 project K/V on meta
+    first = run_prompt(a, ids, RunSetting((4, 5), variant))  # layers 4, 5 project K/V on meta
     assert first.logits.device.type == "meta" and first.logits.shape == (1, a.shape.vocab)
     kinds = [a.cached_kv(first.cache, i)[0].device.type for i in range(a.n_layers)]
     assert kinds == ["cpu"] * 2 + ["meta"] * 4, kinds
@@ -46,7 +47,7 @@ def test_padded_batch_crosses_devices():
     from pop_analysis.engine.pop import left_pad
 
     ids, mask = left_pad([tiny_prompt(12), tiny_prompt(5, seed=4)])
-    first = run_prompt(lm.adapter, ids, "pop", (4, 5), attention_mask=mask)
+    first = run_prompt(lm.adapter, ids, RunSetting((4, 5)), attention_mask=mask)
     assert first.logits.device.type == "meta" and first.logits.shape[0] == 2
 
 
@@ -62,10 +63,10 @@ def test_load_model_with_multi_part_device_map_matches_single_device(tmp_path):
     cfg = SamplingConfig(max_new_tokens=6, stop_at_eos=False)
     ids = tiny_prompt(12)
     for variant in ("full", "pop"):
-        assert run(split, ids, variant, (4, 5), cfg).token_ids == \
-            run(plain, ids, variant, (4, 5), cfg).token_ids
-    assert greedy_batch(split.adapter, [ids, ids[:5]], "pop", (4, 5), 4) == \
-        greedy_batch(plain.adapter, [ids, ids[:5]], "pop", (4, 5), 4)
+        assert run(split, ids, RunSetting((4, 5), variant), cfg).token_ids == \
+            run(plain, ids, RunSetting((4, 5), variant), cfg).token_ids
+    assert greedy_batch(split.adapter, [ids, ids[:5]], RunSetting((4, 5)), 4) == \
+        greedy_batch(plain.adapter, [ids, ids[:5]], RunSetting((4, 5)), 4)
     auto = load_model(str(tmp_path), device="cpu", dtype="float32", device_map="auto")
-    want = run(plain, ids, "pop", (4, 5), cfg).token_ids
-    assert run(auto, ids, "pop", (4, 5), cfg).token_ids == want
+    want = run(plain, ids, RunSetting((4, 5)), cfg).token_ids
+    assert run(auto, ids, RunSetting((4, 5)), cfg).token_ids == want

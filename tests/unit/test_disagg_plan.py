@@ -11,7 +11,7 @@ from pop_analysis.serving.proxy import Proxy
 from pop_analysis.serving.server import EngineSpec, command, engine_env
 from pop_analysis.serving.venv import ServingError
 from pop_vllm import kv_keys
-from pop_vllm.settings import PopSettings
+from pop_vllm.run_setting import RunSetting
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def base(tmp_path, monkeypatch) -> EngineSpec:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     monkeypatch.setattr("pop_analysis.serving.venv.has_plugin", lambda: True)
-    return EngineSpec(model_dir=str(tmp_path / "m"), name="m", skip=(20, 21, 22), variant="pop")
+    return EngineSpec(model_dir=str(tmp_path / "m"), name="m", setting=RunSetting((20, 21, 22)))
 
 
 def test_block_path_marks_every_block_that_holds_a_full_path_position():
@@ -37,23 +37,23 @@ def test_block_path_marks_every_block_that_holds_a_full_path_position():
 
 
 def test_settings_key_tells_settings_apart(tmp_path):
-    a = kv_keys.settings_key(PopSettings((20, 21), "pop"))
-    assert a == kv_keys.settings_key(PopSettings((20, 21), "pop")) and len(a) == 16
-    assert a != kv_keys.settings_key(PopSettings((20, 22), "pop"))
-    assert a != kv_keys.settings_key(PopSettings((20, 21), "pop_no_boundary"))
-    assert kv_keys.settings_key(PopSettings((20, 21), "full")) is None
-    assert kv_keys.settings_key(PopSettings((), "pop")) is None
+    a = kv_keys.settings_key(RunSetting((20, 21), "pop"))
+    assert a == kv_keys.settings_key(RunSetting((20, 21), "pop")) and len(a) == 16
+    assert a != kv_keys.settings_key(RunSetting((20, 22), "pop"))
+    assert a != kv_keys.settings_key(RunSetting((20, 21), "pop_no_boundary"))
+    assert kv_keys.settings_key(RunSetting((20, 21), "full")) is None
+    assert kv_keys.settings_key(RunSetting((), "pop")) is None
     maps = tmp_path / "maps.safetensors"
     maps.write_bytes(b"one")
-    first = kv_keys.settings_key(PopSettings((20, 21), "pop_repair", str(maps)))
+    first = kv_keys.settings_key(RunSetting((20, 21), "pop_repair", str(maps)))
     maps.write_bytes(b"two")  # refitted in place: another key
-    assert first != kv_keys.settings_key(PopSettings((20, 21), "pop_repair", str(maps)))
+    assert first != kv_keys.settings_key(RunSetting((20, 21), "pop_repair", str(maps)))
 
 
 def test_storage_folder_is_per_model_and_setting(tmp_path):
-    pop = kv_keys.storage_dir(tmp_path, "smollm2/135m", PopSettings((20,), "pop"))
+    pop = kv_keys.storage_dir(tmp_path, "smollm2/135m", RunSetting((20,), "pop"))
     assert pop.parent == tmp_path and pop.name.startswith("smollm2-135m-")
-    assert kv_keys.storage_dir(tmp_path, "m", PopSettings()).name == "m-full"
+    assert kv_keys.storage_dir(tmp_path, "m", RunSetting.full()).name == "m-full"
     with pytest.raises(ValueError, match="engine id"):
         kv_keys.transfer_config("kv_producer", tmp_path, "../x")
     with pytest.raises(ValueError, match="unknown KV role"):
@@ -64,7 +64,7 @@ def test_plan_pins_each_instance_and_joins_them_through_the_connector(base, tmp_
     topo = disagg.plan(base, "pop", (0,), (1,), 32, tmp_path)
     p, d = topo.prefill, topo.decode
     assert p.cpus == (0,) and d.cpus == (1,) and p.threads == d.threads == 1
-    assert (p.variant, p.skip) == (d.variant, d.skip) == ("pop", (20, 21, 22))
+    assert p.setting == d.setting == RunSetting((20, 21, 22))
     for spec, role, eid in ((p, "kv_producer", "prefill-0"), (d, "kv_consumer", "decode-0")):
         cmd = command(spec, "python", 8000)
         cfg = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
@@ -75,7 +75,7 @@ def test_plan_pins_each_instance_and_joins_them_through_the_connector(base, tmp_
         assert engine_env(spec)["VLLM_CPU_OMP_THREADS_BIND"] == str(spec.cpus[0])
     assert topo.folder.startswith(str(tmp_path.resolve()))
     stock = disagg.plan(base, "full", (0,), (1,), 32, tmp_path).decode
-    assert stock.variant == "full" and stock.skip == () and not stock.pop
+    assert stock.setting == RunSetting.full() and not stock.pop
     assert "prefill pool" in topo.describe()[0] and "20-22" in topo.describe()[0]
 
 
@@ -90,7 +90,7 @@ def test_plan_bad_input_one_line(base, tmp_path):
 
 def test_proxy_command_is_vllm_router_in_pd_mode(base, monkeypatch):
     monkeypatch.setattr("pop_analysis.serving.proxy.has_router", lambda: True)
-    proxy = Proxy(replace(base, variant="full", skip=()), ["http://127.0.0.1:1"],
+    proxy = Proxy(replace(base, setting=RunSetting.full()), ["http://127.0.0.1:1"],
                   ["http://127.0.0.1:2"])
     cmd = proxy._command("python", 8100)
     assert cmd[:4] == ["python", "-m", "vllm_router.launch_router", "--vllm-pd-disaggregation"]
@@ -118,22 +118,22 @@ def test_request_keys_follow_the_settings_at_arrival_and_the_transfer():
     def request(params=None):
         return SimpleNamespace(kv_transfer_params=params, num_prompt_tokens=70)
 
-    prefix.use(PopSettings((20, 21), "pop"))
+    prefix.use(RunSetting((20, 21), "pop"))
     pop = request()
-    key = kv_keys.settings_key(PopSettings((20, 21), "pop"))
+    key = kv_keys.settings_key(RunSetting((20, 21), "pop"))
     assert prefix.extra_key(pop, 0, 32) == ("pop", key)
     assert prefix.extra_key(pop, 64, 96) == ("pop", key, ("boundary", 5))
-    prefix.use(PopSettings((20, 21), "full"))  # a run-time switch to full
+    prefix.use(RunSetting((20, 21), "full"))  # a run-time switch to full
     assert prefix.extra_key(pop, 32, 64) == ("pop", key)  # the request keeps its arrival key
     assert prefix.extra_key(request(), 0, 32) is None  # a new one is stock
     handed = {"do_remote_prefill": True, "pop_kv_file": "prefill-0/" + "0" * 40,
               "pop_kv_settings": "abc", "pop_kv_variant": "pop"}
     assert prefix.extra_key(request(handed), 0, 32) == ("pop", "abc")  # the prefill's settings
-    prefix.use(PopSettings((20, 21), "pop"))
+    prefix.use(RunSetting((20, 21), "pop"))
     stock = {**handed, "pop_kv_settings": None, "pop_kv_variant": "full"}
     assert prefix.extra_key(request(stock), 0, 32) is None  # a stock prefill's K/V stays stock
     logprobs = request()
     logprobs.sampling_params = SimpleNamespace(prompt_logprobs=1)  # runs the full path (step.py)
     assert prefix.extra_key(logprobs, 0, 32) is None and prefix.full_path(logprobs)
     assert prefix.extra_key(pop, 0, 32) == ("pop", key) and not prefix.full_path(pop)
-    prefix.use(PopSettings())
+    prefix.use(RunSetting.full())

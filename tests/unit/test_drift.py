@@ -17,6 +17,7 @@ from pop_analysis.inspection.drift import (
     kl_full_pop,
 )
 from pop_analysis.inspection.drift_length import drift_by_length
+from pop_vllm.run_setting import RunSetting, SettingError
 
 from tiny import FAMILIES, tiny_model, tiny_prompt
 
@@ -36,7 +37,7 @@ def worst(values) -> float:
 
 
 def test_empty_skip_set_is_identity(lm):
-    r = drift(lm, tiny_prompt(14), (), CFG)
+    r = drift(lm, tiny_prompt(14), RunSetting(()), CFG)
     for q in QS:
         d = worst(getattr(r, f"{q}_min"))
         assert d < 1e-6, f"{q}: min cosine departs from 1 by {d}"
@@ -48,7 +49,7 @@ def test_empty_skip_set_is_identity(lm):
 
 def test_layers_before_first_skipped_match_and_drift_starts_after_it(lm):
     skip = (3, 4, 5)
-    r = drift(lm, tiny_prompt(14), skip, CFG)
+    r = drift(lm, tiny_prompt(14), RunSetting(skip), CFG)
     for q in ("hidden", "k", "v", "attn_out"):
         d = worst(getattr(r, f"{q}_min")[:3])
         assert d < 1e-6, f"{q} before layer 3 departs from 1 by {d}"
@@ -68,8 +69,8 @@ def test_pop_hidden_of_skipped_layers_is_the_last_kept_output(lm):
     """POP's recorded hidden state is constant through the skipped block (pass-through)."""
     ids = torch.tensor([tiny_prompt(10)])
     adapter = lm.adapter
-    full = drift_mod._run(adapter, ids, "full", (3, 4, 5), None, 2, lambda m: None)
-    pop = drift_mod._run(adapter, ids, "pop", (3, 4, 5), full.fed, 2, lambda m: None)
+    full = drift_mod._run(adapter, ids, RunSetting((3, 4, 5), "full"), None, 2, lambda m: None)
+    pop = drift_mod._run(adapter, ids, RunSetting((3, 4, 5)), full.fed, 2, lambda m: None)
     for i in (3, 4, 5):
         d = (pop.hidden[i] - full.hidden[2]).abs().max().item()
         assert d < 1e-5, f"layer {i}: max_diff {d} from the last kept output"
@@ -78,7 +79,7 @@ def test_pop_hidden_of_skipped_layers_is_the_last_kept_output(lm):
 
 def test_skipping_layer_zero_passes_the_embedding_on():
     lm = tiny_model("llama")
-    r = drift(lm, tiny_prompt(10), (0, 1), CFG)
+    r = drift(lm, tiny_prompt(10), RunSetting((0, 1)), CFG)
     assert r.hidden_cos[0] < 0.999 and worst(r.k_min[:1]) < 1e-6 and r.k_cos[1] < 0.999
 
 
@@ -87,7 +88,7 @@ def test_hooks_removed_after_a_run_and_after_an_error(monkeypatch):
     ids = torch.tensor([tiny_prompt(9)])
     with torch.inference_mode():
         before = lm.model(ids).logits
-    drift(lm, ids[0].tolist(), (4, 5), CFG)
+    drift(lm, ids[0].tolist(), RunSetting((4, 5)), CFG)
     with torch.inference_mode():
         after = lm.model(ids).logits
     assert torch.equal(before, after), f"max_diff {(before - after).abs().max().item()}"
@@ -98,7 +99,7 @@ def test_hooks_removed_after_a_run_and_after_an_error(monkeypatch):
 
     monkeypatch.setattr(drift_mod, "decode_step", boom)
     with pytest.raises(RuntimeError, match="decode failed"):
-        drift(lm, ids[0].tolist(), (4, 5), CFG)
+        drift(lm, ids[0].tolist(), RunSetting((4, 5)), CFG)
     assert_no_hooks(lm)
 
 
@@ -112,8 +113,8 @@ def assert_no_hooks(lm):
 def test_shapes_downsampling_and_progress():
     lm = tiny_model("llama")
     seen = []
-    r = drift(lm, tiny_prompt(40), (4, 5), DriftConfig(decode_steps=3, max_tokens_plot=8),
-              progress=seen.append)
+    r = drift(lm, tiny_prompt(40), RunSetting((4, 5)),
+              DriftConfig(decode_steps=3, max_tokens_plot=8), progress=seen.append)
     L = lm.adapter.n_layers
     assert len(r.hidden_cos) == len(r.v_min) == L
     assert [len(row) for row in r.hidden_tok] == [8] * L and len(r.k_tok[0]) == 8
@@ -130,12 +131,12 @@ def test_shapes_downsampling_and_progress():
 
 def test_round_trip_cache_and_average(tmp_results):
     lm = tiny_model("mistral")
-    r1, hit1 = cached_drift(lm, tiny_prompt(12), (4, 5), CFG)
-    r2, hit2 = cached_drift(lm, tiny_prompt(12), (4, 5), CFG)
+    r1, hit1 = cached_drift(lm, tiny_prompt(12), RunSetting((4, 5)), CFG)
+    r2, hit2 = cached_drift(lm, tiny_prompt(12), RunSetting((4, 5)), CFG)
     assert (hit1, hit2) == (False, True)
     assert r2.to_dict() == json.loads(json.dumps(r1.to_dict()))
     assert DriftResult.from_dict(r1.to_dict()).v_cos == r1.v_cos
-    other = drift(lm, tiny_prompt(16, seed=3), (4, 5), CFG)
+    other = drift(lm, tiny_prompt(16, seed=3), RunSetting((4, 5)), CFG)
     avg = average([r1, other])
     assert avg.n_prompts == 2
     assert avg.v_cos[5] == pytest.approx((r1.v_cos[5] + other.v_cos[5]) / 2)
@@ -146,24 +147,26 @@ def test_sliding_window_cache_positions_left_out(tmp_results):
     """A sliding layer's cache drops old prompt keys: those cells are NaN (null in JSON) and the
     statistics cover the positions it still holds."""
     lm = tiny_model("mistral", sliding_window=8)
-    r = drift(lm, tiny_prompt(14), (), CFG)
+    r = drift(lm, tiny_prompt(14), RunSetting(()), CFG)
     row = r.k_tok[0]
     assert all(x != x for x in row[:7]) and worst(row[7:]) < 1e-6, row
     assert worst(r.k_cos + r.v_min) < 1e-6 and max(r.kl) < 1e-6
-    cached, _ = cached_drift(lm, tiny_prompt(14), (4, 5), CFG)
+    cached, _ = cached_drift(lm, tiny_prompt(14), RunSetting((4, 5)), CFG)
     assert cached.k_tok[0][0] is None and cached.k_cos[5] < 0.999
-    both = average([cached, drift(lm, tiny_prompt(14), (4, 5), CFG)])
+    both = average([cached, drift(lm, tiny_prompt(14), RunSetting((4, 5)), CFG)])
     assert both.k_cos[5] == pytest.approx(cached.k_cos[5]), both.k_cos
 
 
 def test_bad_input_is_one_clear_error():
     lm = tiny_model("llama")
     with pytest.raises(DriftError, match="at least 2 tokens"):
-        drift(lm, [5], (4,), CFG)
-    with pytest.raises(DriftError, match="out of range"):
-        drift(lm, tiny_prompt(8), (9,), CFG)
+        drift(lm, [5], RunSetting((4,)), CFG)
+    with pytest.raises(SettingError, match=r"layer\(s\) 9 out of range"):
+        drift(lm, tiny_prompt(8), RunSetting((9,)), CFG)
+    with pytest.raises(DriftError, match="compares pop or pop_repair"):
+        drift(lm, tiny_prompt(8), RunSetting((4,), "static"), CFG)
     with pytest.raises(DriftError, match="no tokenizer"):
-        drift_by_length(lm, [16], (4,), CFG)
+        drift_by_length(lm, [16], RunSetting((4,)), CFG)
 
 
 def test_cosine_and_kl_helpers():

@@ -4,9 +4,10 @@ import torch
 
 from pop_analysis.engine.pop import decode_step, run_prompt
 from pop_analysis.quality.answers import answer_matches, extract_answer, gsm8k_gold
-from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.quality.evaluate import FULL, Arm, evaluate_variants
 from pop_analysis.quality.items import EvalDataError, EvalItem
 from pop_analysis.quality.metrics import agreement, score_continuations
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_model, tiny_prompt
 
@@ -18,7 +19,7 @@ def lm():
 
 def test_full_nll_equals_hf_forward(lm):
     prompt, cont = tiny_prompt(9), tiny_prompt(6, seed=2)
-    got = score_continuations(lm, prompt, [cont], "full")[0]
+    got = score_continuations(lm, prompt, [cont], RunSetting.full())[0]
     with torch.no_grad():
         logits = lm.model(torch.tensor([prompt + cont])).logits[0].float()  # (N+M, V)
     lp = torch.log_softmax(logits[len(prompt) - 1:-1], -1)  # (M, V)
@@ -31,8 +32,8 @@ def test_full_nll_equals_hf_forward(lm):
 def test_pop_scores_match_step_by_step_decode(lm):
     a, skip = lm.adapter, (3, 4, 5)
     prompt, cont = tiny_prompt(10), tiny_prompt(5, seed=3)
-    got = score_continuations(lm, prompt, [cont], "pop", skip)[0].logprobs
-    first = run_prompt(a, torch.tensor([prompt]), "pop", skip)
+    got = score_continuations(lm, prompt, [cont], RunSetting(skip))[0].logprobs
+    first = run_prompt(a, torch.tensor([prompt]), RunSetting(skip))
     ref, logits, pos = [], first.logits, first.position
     for tok in cont:
         ref.append(torch.log_softmax(logits[0], -1)[tok].item())
@@ -40,14 +41,14 @@ def test_pop_scores_match_step_by_step_decode(lm):
         pos += 1
     diff = max(abs(x - y) for x, y in zip(got, ref))
     assert diff < 1e-4, f"max_diff {diff}"
-    full = score_continuations(lm, prompt, [cont], "full")[0].logprobs
+    full = score_continuations(lm, prompt, [cont], RunSetting.full())[0].logprobs
     assert max(abs(x - y) for x, y in zip(got, full)) > 1e-4, "pruning the prefill changed nothing"
 
 
 def test_pop_with_empty_skip_scores_like_full(lm):
     prompt, cont = tiny_prompt(8), tiny_prompt(4, seed=5)
-    pop = score_continuations(lm, prompt, [cont], "pop", ())[0].logprobs
-    full = score_continuations(lm, prompt, [cont], "full", ())[0].logprobs
+    pop = score_continuations(lm, prompt, [cont], RunSetting(()))[0].logprobs
+    full = score_continuations(lm, prompt, [cont], RunSetting.full())[0].logprobs
     assert max(abs(x - y) for x, y in zip(pop, full)) < 1e-4
 
 
@@ -55,15 +56,15 @@ def test_pop_with_empty_skip_scores_like_full(lm):
 def test_shared_prefill_equals_separate_calls(lm, variant):
     prompt = tiny_prompt(9)
     conts = [tiny_prompt(4, seed=s) for s in (6, 7, 8)]
-    together = score_continuations(lm, prompt, conts, variant, (4, 5))
+    together = score_continuations(lm, prompt, conts, RunSetting((4, 5), variant))
     for c, s in zip(conts, together):
-        alone = score_continuations(lm, prompt, [c], variant, (4, 5))[0]
+        alone = score_continuations(lm, prompt, [c], RunSetting((4, 5), variant))[0]
         assert max(abs(x - y) for x, y in zip(s.logprobs, alone.logprobs)) < 1e-5
 
 
 def test_full_agreement_with_itself_is_one(lm):
     items = [EvalItem(tuple(tiny_prompt(8, seed=s))) for s in range(3)]
-    shallow_v = Variant("shallow", "pop", (0, 1, 2))
+    shallow_v = Arm("shallow", RunSetting((0, 1, 2)))
     out = evaluate_variants(lm, items, [FULL, shallow_v], 6)
     s, shallow = out["full"], out["shallow"]
     assert s.greedy_agreement == s.sequence_exact == [1.0] * 3 and s.first_divergence == [None] * 3

@@ -19,6 +19,7 @@ from pop_analysis.engine.adapter import DecoderAdapter, UnsupportedArchitecture
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import ModelLoadError, load_model, model_from_hf
 from pop_analysis.engine.pop import decode_step, prefill, run_prompt, teacher_force
+from pop_vllm.run_setting import RunSetting
 
 from tiny import FAMILIES, GEMMA, LOCAL_GLOBAL, SLIDING_FAMILIES, WINDOW, tiny_prompt
 
@@ -77,7 +78,7 @@ def test_full_path_and_empty_pop_equal_hf_generate(lm):
     ids = tiny_prompt(14)  # longer than the window
     ref = hf_greedy(lm, ids, GREEDY.max_new_tokens)
     for variant in ("full", "pop"):
-        ours = run(lm, ids, variant, (), GREEDY).token_ids
+        ours = run(lm, ids, RunSetting((), variant), GREEDY).token_ids
         assert ours == ref, f"{lm.name} {variant}: {ours} vs HF {ref}"
 
 
@@ -87,7 +88,7 @@ def test_first_logits_equal_hf_forward(lm):
     with torch.inference_mode():
         ref = lm.model(input_ids=ids).logits[:, -1].float()  # (1, V)
     for variant in ("full", "pop"):
-        ours = run_prompt(lm.adapter, ids, variant, ()).logits
+        ours = run_prompt(lm.adapter, ids, RunSetting((), variant)).logits
         diff = (ours - ref).abs().max().item()
         assert diff < 1e-4, f"{lm.name} {variant}: max_diff {diff}"
 
@@ -95,7 +96,7 @@ def test_first_logits_equal_hf_forward(lm):
 def test_pop_runs_and_fills_caches_like_the_full_model(lm):
     a = lm.adapter
     ids = torch.tensor([tiny_prompt(15)])
-    pop = run_prompt(a, ids, "pop", SKIP)
+    pop = run_prompt(a, ids, RunSetting(SKIP))
     assert torch.isfinite(pop.logits).all()
     with torch.inference_mode():
         hf = lm.model(input_ids=ids, use_cache=True).past_key_values
@@ -103,7 +104,7 @@ def test_pop_runs_and_fills_caches_like_the_full_model(lm):
         want = (hf.layers[i].keys.shape[-2], hf.layers[i].get_seq_length())
         got = (a.cache_length(pop.cache, i), a.seen_length(pop.cache, i))
         assert got == want, f"{lm.name} layer {i}: (held, seen) {got} vs full model {want}"
-    out = run(lm, tiny_prompt(15), "pop", SKIP, GREEDY).token_ids
+    out = run(lm, tiny_prompt(15), RunSetting(SKIP), GREEDY).token_ids
     assert len(out) == GREEDY.max_new_tokens
 
 
@@ -155,9 +156,9 @@ def test_teacher_forced_chunk_equals_step_by_step(lm):
     a = lm.adapter
     ids = torch.tensor([tiny_prompt(12)])
     cont = torch.tensor([tiny_prompt(9, seed=9)])
-    first = run_prompt(a, ids, "pop", SKIP)
+    first = run_prompt(a, ids, RunSetting(SKIP))
     chunk = teacher_force(a, cont, first.cache, first.position)  # (1, 9, V)
-    second = run_prompt(a, ids, "pop", SKIP)
+    second = run_prompt(a, ids, RunSetting(SKIP))
     steps = [decode_step(a, cont[:, t:t + 1], second.cache, second.position + t) for t in range(9)]
     diff = (chunk[0] - torch.cat(steps)).abs().max().item()
     assert diff < 1e-4, f"{lm.name}: max_diff {diff}"
@@ -205,5 +206,6 @@ def test_image_text_gemma3_checkpoint_loads_and_runs_pop(tmp_path):
     lm = load_model(str(tmp_path), device="cpu", dtype="float32")
     assert lm.card()["model_type"] == "gemma3" and lm.adapter.n_layers == 6
     ids = tiny_prompt(12)
-    assert run(lm, ids, "full", (), GREEDY).token_ids == hf_greedy(lm, ids, GREEDY.max_new_tokens)
-    assert len(run(lm, ids, "pop", SKIP, GREEDY).token_ids) == GREEDY.max_new_tokens
+    want = hf_greedy(lm, ids, GREEDY.max_new_tokens)
+    assert run(lm, ids, RunSetting.full(), GREEDY).token_ids == want
+    assert len(run(lm, ids, RunSetting(SKIP), GREEDY).token_ids) == GREEDY.max_new_tokens

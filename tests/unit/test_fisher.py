@@ -18,6 +18,7 @@ from pop_analysis.importance.calibrate import (
 from pop_analysis.importance.fewrows import ROWS, few_rows
 from pop_analysis.importance.fisher import sample_and_gradients
 from pop_analysis.importance.gates import StageGates, gated
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_model, tiny_prompt
 
@@ -138,7 +139,7 @@ def previous_algorithm(lm, prompts, cfg):
     """What calibration computed before the one-pass path: each response sampled by batch-1
     generation with the sample's own seed, then one teacher-forced gated forward + backward over
     [prompt ; response] (calibrate.gate_gradients). Squared gradients per sample and layer."""
-    responses = [run_generation(lm, p, "full", cfg=SamplingConfig(
+    responses = [run_generation(lm, p, RunSetting.full(), cfg=SamplingConfig(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
         seed=sample_seed(cfg.seed, i))).token_ids for i, p in enumerate(prompts)]
     g = gate_gradients(lm, pack(prompts, responses))

@@ -7,6 +7,7 @@ import torch
 from pop_analysis.engine.heal import heal_greedy, heal_prompt
 from pop_analysis.engine.pop import decode_step, teacher_force
 from pop_vllm.healing import HealError, make, parse_budget
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_model, tiny_prompt
 
@@ -21,7 +22,7 @@ def lm(request):
 
 def healed_run(lm, prompt, skip, heal, n_new):
     a = lm.adapter
-    first, healer = heal_prompt(a, torch.tensor([prompt]), "pop", skip, heal)
+    first, healer = heal_prompt(a, torch.tensor([prompt]), RunSetting(skip, heal=heal))
     toks = heal_greedy(a, first, healer, n_new)[0].tolist()
     return first.cache, healer, toks
 
@@ -142,8 +143,8 @@ def test_a_one_token_generation_heals_nothing():
 
 def test_full_has_nothing_to_heal():
     lm = tiny_model("llama")
-    first, healer = heal_prompt(lm.adapter, torch.tensor([tiny_prompt(9)]), "full", (3, 4, 5),
-                                make("eager"))
+    first, healer = heal_prompt(lm.adapter, torch.tensor([tiny_prompt(9)]),
+                                RunSetting((3, 4, 5), "full", heal=make("eager")))
     assert healer.finished and healer.horizon == 0
 
 
@@ -157,7 +158,7 @@ def test_healing_batches_with_left_padding_match_one_by_one():
     prompts = [tiny_prompt(11, seed=3), tiny_prompt(7, seed=4)]
     heal = make("eager", chunk=3)
     ids, mask = left_pad(prompts)
-    first, healer = heal_prompt(a, ids, "pop", (2, 4), heal, attention_mask=mask)
+    first, healer = heal_prompt(a, ids, RunSetting((2, 4), heal=heal), attention_mask=mask)
     batch = heal_greedy(a, first, healer, 8).tolist()
     assert healer.finished
     for row, p in zip(batch, prompts):
@@ -189,9 +190,8 @@ def test_budgets_as_written(text, want):
 
 @pytest.mark.parametrize("variant", ["static", "pop_no_kv", "pop_no_boundary"])
 def test_variants_without_a_healable_cache_are_refused(variant):
-    lm = tiny_model("llama")
     with pytest.raises(HealError, match=f"not {variant}"):
-        heal_prompt(lm.adapter, torch.tensor([tiny_prompt(9)]), variant, (3, 4, 5), make("eager"))
+        RunSetting((3, 4, 5), variant, heal=make("eager"))  # refused where it is built
     with pytest.raises(HealError, match="heal budget must read like"):
         parse_budget("fast")
 
@@ -225,7 +225,8 @@ def test_the_drift_of_each_layer_falls_to_zero_as_healing_proceeds(family):
     from pop_analysis.inspection.heal_drift import healing_drift
 
     lm = tiny_model(family)
-    r = healing_drift(lm, tiny_prompt(20), (2, 4), make("budget", chunk=4, budget_positions=6), 8)
+    heal = make("budget", chunk=4, budget_positions=6)
+    r = healing_drift(lm, tiny_prompt(20), RunSetting((2, 4), heal=heal), 8)
     assert r.tokens_out == list(range(1, 9)) and r.horizon == 4  # 6 per step: 24 >= 20 + 3
     for drift in (r.k, r.v):
         # Up to f itself nothing differs (layer f projects K/V from its exact input).

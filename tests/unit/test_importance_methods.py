@@ -7,8 +7,12 @@ import pytest
 import torch
 from scipy.stats import kendalltau, spearmanr
 
-from pop_analysis.experiments.methods_run import (ImportanceConfig, ImportanceResult, drop_one,
-    run_importance)
+from pop_analysis.experiments.methods_run import (
+    ImportanceConfig,
+    ImportanceResult,
+    drop_one,
+    run_importance,
+)
 from pop_analysis.experiments.methods_store import check_result
 from pop_analysis.importance.calibrate import gate_gradients, pack, sample_responses, sample_seed
 from pop_analysis.importance.compare import agreement, kendall_tau_b, spearman_rho
@@ -16,6 +20,7 @@ from pop_analysis.importance.hooks_pass import forward_metrics
 from pop_analysis.importance.methods import METHODS, MethodError, parse_methods
 from pop_analysis.quality.metrics import continuation_nll, greedy_tokens
 from pop_analysis.store.records import RecordError
+from pop_vllm.run_setting import RunSetting
 
 from tiny import planted_model, tiny_model, tiny_prompt
 
@@ -106,10 +111,10 @@ def test_gate_taylor_is_the_mean_absolute_gate_gradient(lm):
 def test_drop_one_equals_a_direct_pop_run_of_each_layer(lm):
     prompt = PROMPTS[1]
     got = drop_one(lm, [prompt], new_tokens=5)
-    cont = greedy_tokens(lm, prompt, "full", max_new_tokens=5, stop_at_eos=False)
-    full = continuation_nll(lm, prompt, cont, "full")
+    cont = greedy_tokens(lm, prompt, RunSetting.full(), max_new_tokens=5, stop_at_eos=False)
+    full = continuation_nll(lm, prompt, cont, RunSetting.full())
     for layer in (0, 2, 4):
-        want = continuation_nll(lm, prompt, cont, "pop", (layer,)) - full
+        want = continuation_nll(lm, prompt, cont, RunSetting((layer,))) - full
         assert float(got["dropone.nll"][0, layer]) == pytest.approx(want, rel=1e-4, abs=1e-5), layer
 
 

@@ -5,7 +5,6 @@ import tracemalloc
 
 import pytest
 import torch
-from cli_lines import last_error_line, one_error_line
 
 from pop_analysis import cli
 from pop_analysis.cli import main
@@ -16,14 +15,16 @@ from pop_analysis.engine.generate import SamplingConfig, SamplingError, encode, 
 from pop_analysis.engine.models import ModelLoadError, default_device, load_model
 from pop_analysis.engine.pop import PromptError, run_prompt
 from pop_analysis.engine.skipset import (
-    SkipSetError,
+    SettingError,
     describe,
     parse_layers,
     preset,
     resolve,
 )
 from pop_analysis.errors import InputError
+from pop_vllm.run_setting import RunSetting
 
+from cli_lines import last_error_line, one_error_line
 from tiny import tiny_model
 
 
@@ -57,7 +58,8 @@ def test_local_directory_model_without_tokenizer(tmp_path):
     lm.model.save_pretrained(tmp_path)
     loaded = load_model(str(tmp_path), device="cpu")
     assert loaded.tokenizer is None and loaded.adapter.n_layers == 6
-    out = run(loaded, [1, 2, 3], "pop", (4, 5), SamplingConfig(max_new_tokens=3, stop_at_eos=False))
+    out = run(loaded, [1, 2, 3], RunSetting((4, 5)),
+              SamplingConfig(max_new_tokens=3, stop_at_eos=False))
     assert len(out.token_ids) == 3 and out.text is None
     with pytest.raises(ValueError, match="no tokenizer"):
         encode(loaded, "hello")
@@ -69,7 +71,7 @@ def test_local_directory_model_without_tokenizer(tmp_path):
     (tuple(range(30)), "cannot skip all 30 layers"),
 ])
 def test_impossible_skip_sets(layers, message):
-    with pytest.raises(SkipSetError, match=message):
+    with pytest.raises(SettingError, match=message):
         resolve(30, layers=layers)
 
 
@@ -81,39 +83,39 @@ def test_skip_set_parsing_and_ratio():
     assert preset("interleaved", 30) == tuple(range(2, 30, 3))
     assert describe((3, 20, 21, 22)) == "3, 20-22"
     for bad in ("a-b", "5-3", "x"):
-        with pytest.raises(SkipSetError):
+        with pytest.raises(SettingError):
             parse_layers(bad)
-    with pytest.raises(SkipSetError, match=r"\[0, 1\)"):
+    with pytest.raises(SettingError, match=r"\[0, 1\)"):
         resolve(30, ratio=1.0)
-    with pytest.raises(SkipSetError, match="not several"):
+    with pytest.raises(SettingError, match="not several"):
         resolve(30, layers="1", ratio=0.2)
-    with pytest.raises(SkipSetError, match="unknown preset"):
+    with pytest.raises(SettingError, match="unknown preset"):
         preset("deep", 30)
 
 
 def test_empty_prompt_and_prompt_too_long():
     lm = tiny_model("llama")  # context 256
     with pytest.raises(PromptError, match="empty"):
-        run(lm, [], "pop", (5,), SamplingConfig(max_new_tokens=2))
+        run(lm, [], RunSetting((5,)), SamplingConfig(max_new_tokens=2))
     with pytest.raises(PromptError, match="exceeds the model's context of 256"):
-        run(lm, [1] * 250, "pop", (5,), SamplingConfig(max_new_tokens=10))
+        run(lm, [1] * 250, RunSetting((5,)), SamplingConfig(max_new_tokens=10))
 
 
 def test_unknown_variant():
     lm = tiny_model("llama")
     with pytest.raises(ValueError, match="unknown variant 'fast'"):
-        run_prompt(lm.adapter, torch.tensor([[1, 2]]), "fast", ())
+        run_prompt(lm.adapter, torch.tensor([[1, 2]]), RunSetting((), "fast"))
 
 
 @pytest.mark.parametrize("text", ["0-20000000", "5-99999999999999999999", "0-9," * 3 + "0-20000000"])
 def test_huge_ranges_fail_before_any_list_is_built(text):
     tracemalloc.start()
-    with pytest.raises(SkipSetError, match="out of range: the model has layers 0..29") as e:
+    with pytest.raises(SettingError, match="out of range: the model has layers 0..29") as e:
         resolve(30, layers=text)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert len(str(e.value)) < 160 and peak < 1 << 20  # no 2.2 GB list, no 17 MB message
-    with pytest.raises(SkipSetError, match="out of range"):
+    with pytest.raises(SettingError, match="out of range"):
         parse_layers(text)  # without a model: bounded by MAX_LAYERS
 
 

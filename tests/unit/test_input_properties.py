@@ -20,7 +20,7 @@ from pop_analysis.commands.generate import TOKEN_ID
 from pop_analysis.data import readers
 from pop_analysis.data.prompts import SUFFIXES, load_prompts
 from pop_analysis.engine.generate import SamplingConfig
-from pop_analysis.engine.skipset import SkipSetError, parse_layers, resolve
+from pop_analysis.engine.skipset import parse_layers, resolve
 from pop_analysis.errors import InputError
 from pop_analysis.experiments.sweep import SweepResult, write_csv
 from pop_analysis.importance.calibrate import (
@@ -32,6 +32,7 @@ from pop_analysis.importance.calibrate import (
 from pop_analysis.inspection.drift import DriftConfig, DriftResult, average, drift
 from pop_analysis.store import results as store
 from pop_analysis.store.schema import SweepRow
+from pop_vllm.run_setting import RunSetting, SettingError
 
 from tiny import tiny_model, tiny_prompt
 
@@ -215,7 +216,7 @@ def records():
         lm = tiny_model("llama")
         cal = calibrate_ids(lm, [tiny_prompt(5, seed=1), tiny_prompt(7, seed=2)],
                             CalibrationConfig(n_samples=2, max_new_tokens=2, batch_size=2))
-        dr = drift(lm, tiny_prompt(9), (4, 5), DriftConfig(decode_steps=2))
+        dr = drift(lm, tiny_prompt(9), RunSetting((4, 5)), DriftConfig(decode_steps=2))
         row = SweepRow("pop", 1 / 3, [4, 5], 1.2, 1.4, float("nan"), 0.9, kind="ratio", n=2)
         sw = SweepResult("tiny-llama", "ratio", [row.to_dict(), SweepRow(
             "full", 0.0, [], 1.0, 1.0, 2.5, 1.0).to_dict()], {}, 3.0)
@@ -327,6 +328,6 @@ def test_any_skip_parameter_parses_or_is_refused(text):
 
     try:
         layers = parse_skip(text)
-    except SkipSetError:
+    except SettingError:
         return
     assert all(isinstance(i, int) and i >= 0 for i in layers) and list(layers) == sorted(set(layers))

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGIN_PURE = {"pop_vllm", "pop_vllm.variants", "pop_vllm.plan", "pop_vllm.settings", "pop_vllm.healing",
-               "pop_vllm.engine_env", "pop_vllm.stats", "pop_vllm.kv_keys", "pop_vllm.ranges"}
+PLUGIN_PURE = {"pop_vllm", "pop_vllm.variants", "pop_vllm.plan", "pop_vllm.settings",
+               "pop_vllm.run_setting", "pop_vllm.healing", "pop_vllm.errors", "pop_vllm.engine_env",
+               "pop_vllm.stats", "pop_vllm.kv_keys", "pop_vllm.ranges"}
 # From the bottom up; a module may import its own layer and the ones below it.
 LAYERS = [
     PLUGIN_PURE,
@@ -168,3 +169,56 @@ def test_the_check_itself_sees_an_upward_import_and_a_cycle():
     with pytest.raises(graphlib.CycleError):
         fake["pop_analysis.engine.pop"] = fake["pop_analysis.engine.pop"] | {"pop_analysis.store.paths"}
         tuple(graphlib.TopologicalSorter(fake).static_order())
+
+
+# The run setting (pop_vllm/run_setting.py) is the one home of a skip set with its variant.
+SETTING_MODULE = "pop_vllm.run_setting"
+SKIP_NAMES = {"skip", "skip_layers", "layers"}
+VARIANT_NAMES = {"variant", "variants", "engine", "mode"}
+# Ways in whose caller fixes the argument names: each builds a RunSetting from them at once.
+PAIR_EXEMPT = {
+    ("pop_analysis.harness.lm_eval_model", "__init__"): "lm-eval passes model_args as keywords",
+}
+
+
+def skip_variant_pairs(tree: ast.AST) -> list[str]:
+    out = []
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = {a.arg for a in f.args.args + f.args.kwonlyargs}
+            if names & SKIP_NAMES and names & VARIANT_NAMES:
+                out.append(f.name)
+    return out
+
+
+def test_no_function_takes_a_bare_skip_set_and_a_variant_together():
+    bad = [f"{name}.{fn}" for name, path in ALL.items() if name != SETTING_MODULE
+           for fn in skip_variant_pairs(ast.parse(path.read_text()))
+           if (name, fn) not in PAIR_EXEMPT]
+    assert not bad, ("take one RunSetting (pop_vllm/run_setting.py) instead of a skip set and a "
+                     f"variant: {bad}")
+
+
+def test_the_pair_check_itself_sees_a_pair():
+    assert skip_variant_pairs(ast.parse("def f(lm, variant, skip=()):\n    pass")) == ["f"]
+    assert skip_variant_pairs(ast.parse("def f(lm, setting):\n    pass")) == []
+
+
+# The refusals only the one validator writes (RunSetting.check and its helpers).
+VALIDATOR_LINES = ("cannot skip all", "out of range: the model has", "numbered from 0")
+
+
+def test_one_validator_writes_the_skip_set_refusals():
+    bad = [f"{name}: {line!r}" for name, path in ALL.items() if name != SETTING_MODULE
+           for line in VALIDATOR_LINES if line in path.read_text()]
+    assert not bad, f"a second validator: {bad}"
+
+
+def test_hooks_are_registered_through_one_helper():
+    """engine/hooks.Hooks removes what it registers when its block ends; a hook registered by
+    hand could outlive its run on the shared model."""
+    bad = [name for name, path in ALL.items() if name != "pop_analysis.engine.hooks"
+           and name.startswith(("pop_analysis", "dashboard", "pages"))
+           and ("register_forward_hook(" in path.read_text()
+                or "register_forward_pre_hook(" in path.read_text())]
+    assert not bad, f"use pop_analysis.engine.hooks.Hooks: {bad}"

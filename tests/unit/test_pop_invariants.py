@@ -5,6 +5,7 @@ import torch
 from pop_analysis.engine.counters import count_calls
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.pop import prefill, run_prompt
+from pop_vllm.run_setting import RunSetting
 
 from tiny import FAMILIES, tiny_model, tiny_prompt
 
@@ -26,19 +27,19 @@ def hf_greedy(lm, ids, n):
 @pytest.mark.parametrize("variant", ["full", "pop", "pop_no_kv", "pop_no_boundary", "static"])
 def test_empty_skip_equals_hf_generate(lm, variant):
     ids = tiny_prompt(10)
-    ours = run(lm, ids, variant, (), GREEDY).token_ids
+    ours = run(lm, ids, RunSetting((), variant), GREEDY).token_ids
     ref = hf_greedy(lm, ids, GREEDY.max_new_tokens)
     assert ours == ref, f"{variant} with no skip diverged from HF generate: {ours} vs {ref}"
 
 
 def test_full_variant_ignores_skip_set(lm):
     ids = tiny_prompt(9)
-    assert run(lm, ids, "full", (3, 4, 5), GREEDY).token_ids == hf_greedy(lm, ids, 12)
+    assert run(lm, ids, RunSetting((3, 4, 5), "full"), GREEDY).token_ids == hf_greedy(lm, ids, 12)
 
 
 def test_every_layer_cache_same_length_after_pop_prefill(lm):
     ids = torch.tensor([tiny_prompt(11)])
-    first = run_prompt(lm.adapter, ids, "pop", (3, 4, 5))
+    first = run_prompt(lm.adapter, ids, RunSetting((3, 4, 5)))
     lengths = [lm.adapter.cache_length(first.cache, i) for i in range(lm.adapter.n_layers)]
     assert lengths == [11] * lm.adapter.n_layers, lengths
 
@@ -47,7 +48,7 @@ def test_skipped_kv_is_projection_of_last_kept_output(lm):
     a = lm.adapter
     ids = torch.tensor([tiny_prompt(11)])
     skip = (3, 4, 5)
-    first = run_prompt(a, ids, "pop", skip)
+    first = run_prompt(a, ids, RunSetting(skip))
     # Reference: the full model's hidden state after layer 2 (the last kept) at x_1..x_{N-1}.
     cache = a.new_cache()
     h = a.embed(ids[:, :-1])  # (1, N-1, D)
@@ -82,7 +83,7 @@ def test_independent_k_equals_layers_own_k_path(lm):
 
 def test_pop_no_kv_leaves_skipped_prompt_entries_empty(lm):
     a = lm.adapter
-    first = run_prompt(a, torch.tensor([tiny_prompt(11)]), "pop_no_kv", (4, 5))
+    first = run_prompt(a, torch.tensor([tiny_prompt(11)]), RunSetting((4, 5), "pop_no_kv"))
     # Only the boundary token x_N reached the skipped layers' caches.
     assert [a.cache_length(first.cache, i) for i in (4, 5)] == [1, 1]
     assert a.cache_length(first.cache, 3) == 11
@@ -93,7 +94,7 @@ def test_boundary_logits_come_from_full_stack(lm):
     a = lm.adapter
     ids = torch.tensor([tiny_prompt(11)])
     skip = (3, 4, 5)
-    first = run_prompt(a, ids, "pop", skip)
+    first = run_prompt(a, ids, RunSetting(skip))
     cache = a.new_cache()
     prefill(a, ids[:, :-1], cache, skip, "kv")
     with count_calls(a) as calls:
@@ -103,7 +104,7 @@ def test_boundary_logits_come_from_full_stack(lm):
     diff = (first.logits - ref).abs().max().item()
     assert diff < 1e-5, f"max_diff {diff}"
     # Without boundary handling x_N skips the block, so its logits differ.
-    no_b = run_prompt(a, ids, "pop_no_boundary", skip).logits
+    no_b = run_prompt(a, ids, RunSetting(skip, "pop_no_boundary")).logits
     assert (no_b - ref).abs().max().item() > 1e-3
 
 
@@ -123,8 +124,8 @@ def test_static_variant_drops_layers_in_decode_too(lm):
     a = lm.adapter
     ids = tiny_prompt(10)
     with count_calls(a) as calls:
-        run(lm, ids, "static", (4, 5), SamplingConfig(max_new_tokens=3, stop_at_eos=False),
-            counts=calls)
+        run(lm, ids, RunSetting((4, 5), "static"),
+            SamplingConfig(max_new_tokens=3, stop_at_eos=False), counts=calls)
     c = calls.as_dict()
     assert c["prefill"]["attention"] == [1, 1, 1, 1, 0, 0]
     assert c["decode"]["attention"] == [2, 2, 2, 2, 0, 0]
@@ -133,8 +134,8 @@ def test_static_variant_drops_layers_in_decode_too(lm):
 def test_pop_counts_per_stage(lm):
     a = lm.adapter
     with count_calls(a) as calls:
-        run(lm, tiny_prompt(10), "pop", (4, 5), SamplingConfig(max_new_tokens=3, stop_at_eos=False),
-            counts=calls)
+        run(lm, tiny_prompt(10), RunSetting((4, 5)),
+            SamplingConfig(max_new_tokens=3, stop_at_eos=False), counts=calls)
     c = calls.as_dict()
     assert c["prefill"]["ffn"] == [1, 1, 1, 1, 0, 0] and c["prefill"]["k_proj"] == [1] * 6
     # x_N shares layers 0-3 with the prompt's pass (their inputs are identical in both paths),
@@ -146,16 +147,18 @@ def test_pop_counts_per_stage(lm):
 def test_sampling_is_seeded_and_top_p_restricts(lm):
     ids = tiny_prompt(10)
     cfg = SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=7, stop_at_eos=False)
-    a = run(lm, ids, "pop", (4, 5), cfg).token_ids
-    b = run(lm, ids, "pop", (4, 5), cfg).token_ids
+    a = run(lm, ids, RunSetting((4, 5)), cfg).token_ids
+    b = run(lm, ids, RunSetting((4, 5)), cfg).token_ids
     assert a == b
     tiny_p = SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=1e-6, seed=3, stop_at_eos=False)
-    assert run(lm, ids, "pop", (4, 5), tiny_p).token_ids == run(lm, ids, "pop", (4, 5), GREEDY).token_ids[:8]
+    pop = RunSetting((4, 5))
+    assert run(lm, ids, pop, tiny_p).token_ids == run(lm, ids, pop, GREEDY).token_ids[:8]
 
 
 def test_one_token_prompt_runs_every_variant(lm):
     for v in ("full", "pop", "pop_no_kv", "pop_no_boundary", "static"):
-        out = run(lm, [5], v, (4, 5), SamplingConfig(max_new_tokens=3, stop_at_eos=False))
+        out = run(lm, [5], RunSetting((4, 5), v),
+                  SamplingConfig(max_new_tokens=3, stop_at_eos=False))
         assert len(out.token_ids) == 3
 
 
@@ -167,9 +170,9 @@ def test_teacher_forced_chunk_equals_step_by_step(lm):
     ids = torch.tensor([tiny_prompt(10)])
     cont = torch.tensor([tiny_prompt(5, seed=9)])
     for variant in ("pop", "pop_no_kv"):
-        first = run_prompt(a, ids, variant, (3, 4, 5))
+        first = run_prompt(a, ids, RunSetting((3, 4, 5), variant))
         chunk = teacher_force(a, cont, first.cache, first.position)  # (1, 5, V)
-        second = run_prompt(a, ids, variant, (3, 4, 5))
+        second = run_prompt(a, ids, RunSetting((3, 4, 5), variant))
         steps = [decode_step(a, cont[:, t:t + 1], second.cache, second.position + t)
                  for t in range(5)]
         diff = (chunk[0] - torch.cat(steps)).abs().max().item()

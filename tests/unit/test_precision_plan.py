@@ -16,6 +16,7 @@ from pop_analysis.quality.items import EvalItem
 from pop_analysis.speed.precision_speed import FULL, ideal
 
 from tiny import tiny_model, tiny_prompt
+from pop_vllm.run_setting import RunSetting
 
 
 def brute_force(costs, losses, budget):
@@ -86,7 +87,7 @@ def test_batched_evaluation_with_int8_layers_equals_a_direct_computation(lm):
                             max_new_tokens=4, generate=True)
     for k, it in enumerate(items):
         ids = torch.tensor([list(it.prompt_ids)])
-        first = run_prompt(a, ids, "pop", (5,), precision=prec)
+        first = run_prompt(a, ids, RunSetting((5,)), precision=prec)
         cont = torch.tensor([list(it.reference_ids)])
         lp = torch.cat([torch.log_softmax(first.logits, -1)[:, None],
                         torch.log_softmax(teacher_force(a, cont[:, :-1], first.cache,
@@ -99,10 +100,10 @@ def test_batched_evaluation_with_int8_layers_equals_a_direct_computation(lm):
 
 def test_cache_cosine_is_one_against_itself_and_below_one_for_int8(lm):
     a, ids = lm.adapter, torch.tensor([tiny_prompt(12)])
-    full = run_prompt(a, ids, "full").cache
-    same = cache_cosine(a, run_prompt(a, ids, "full").cache, full)
+    full = run_prompt(a, ids, RunSetting.full()).cache
+    same = cache_cosine(a, run_prompt(a, ids, RunSetting.full()).cache, full)
     assert all(abs(x - 1) < 1e-9 for x in same["k"] + same["v"])
-    low = cache_cosine(a, run_prompt(a, ids, "full", precision=Precision((0,))).cache, full)
+    low = cache_cosine(a, run_prompt(a, ids, RunSetting.full(), precision=Precision((0,))).cache, full)
     assert low["v"][0] < 1 - 1e-6 and min(low["k"]) < 1
 
 

@@ -19,6 +19,7 @@ from pop_analysis.repair.fit import (
 )
 from pop_analysis.repair.store import attach, check_compatible, load, save
 from pop_analysis.store.schema import plain
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_model, tiny_prompt
 
@@ -54,13 +55,13 @@ def test_identity_maps_equal_pop_exactly(family):
     lm = tiny_model(family)
     lm.adapter.register_kv_maps(SKIP, own_weights(lm.adapter, SKIP), "identity")
     ids = torch.tensor([tiny_prompt(15)])
-    pop, rep = (run_prompt(lm.adapter, ids, v, SKIP) for v in ("pop", "pop_repair"))
+    pop, rep = (run_prompt(lm.adapter, ids, RunSetting(SKIP, v)) for v in ("pop", "pop_repair"))
     assert torch.equal(pop.logits, rep.logits), (pop.logits - rep.logits).abs().max()
     for i in SKIP:
         for a, b in zip(lm.adapter.cached_kv(pop.cache, i), lm.adapter.cached_kv(rep.cache, i)):
             assert torch.equal(a, b), f"layer {i}: max_diff {(a - b).abs().max()}"
-    assert (run(lm, tiny_prompt(15), "pop", SKIP, GREEDY).token_ids
-            == run(lm, tiny_prompt(15), "pop_repair", SKIP, GREEDY).token_ids)
+    assert (run(lm, tiny_prompt(15), RunSetting(SKIP), GREEDY).token_ids
+            == run(lm, tiny_prompt(15), RunSetting(SKIP, "pop_repair"), GREEDY).token_ids)
 
 
 def test_fit_recovers_projections_when_skipped_layers_are_identity_layers():
@@ -92,7 +93,7 @@ def test_fitted_map_shapes_match_each_family(name):
             assert rep.tensors[f"{i}.{n}.bias"].shape == (proj.weight.shape[0],)
     attach(lm, rep, SKIP)
     ids = torch.tensor([tiny_prompt(15)])
-    pop, fixed = (run_prompt(lm.adapter, ids, v, SKIP) for v in ("pop", "pop_repair"))
+    pop, fixed = (run_prompt(lm.adapter, ids, RunSetting(SKIP, v)) for v in ("pop", "pop_repair"))
     assert torch.isfinite(fixed.logits).all()
     k_pop, k_fix = (lm.adapter.cached_kv(r.cache, SKIP[-1])[0] for r in (pop, fixed))
     assert not torch.equal(k_pop, k_fix), "the last skipped layer's keys must come from its map"
@@ -158,14 +159,14 @@ def test_other_skip_set_or_model_refused_in_one_line():
     assert "\n" not in str(e.value)
     attach(lm, rep, SKIP)
     with pytest.raises(RepairError, match="needs a repair fitted for skip set 3-5") as e:
-        run_prompt(lm.adapter, torch.tensor([tiny_prompt(8)]), "pop_repair", (3, 4, 5))
+        run_prompt(lm.adapter, torch.tensor([tiny_prompt(8)]), RunSetting((3, 4, 5), "pop_repair"))
     assert "registered: 4-5" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_no_repair_registered_is_one_line():
     lm = tiny_model("llama")
     with pytest.raises(RepairError, match=r"pop_repair needs a repair .* \(registered: none\)"):
-        run(lm, tiny_prompt(8), "pop_repair", SKIP, GREEDY)
+        run(lm, tiny_prompt(8), RunSetting(SKIP, "pop_repair"), GREEDY)
 
 
 def test_too_few_tokens_says_how_many_are_needed():
@@ -190,7 +191,7 @@ def test_counters_match_pop():
     counts = {}
     for v in ("pop", "pop_repair"):
         with count_calls(lm.adapter) as c:
-            run(lm, tiny_prompt(12), v, SKIP, GREEDY, counts=c)
+            run(lm, tiny_prompt(12), RunSetting(SKIP, v), GREEDY, counts=c)
         counts[v] = c.as_dict()
     assert counts["pop"] == counts["pop_repair"]
     assert counts["pop"]["prefill"]["k_proj"][5] == 1 and counts["pop"]["prefill"]["ffn"][5] == 0
@@ -205,7 +206,7 @@ def test_fitted_maps_run_in_the_pruned_prefill_only():
         hooks = [m.register_forward_hook(lambda *_: seen.append(c.stage))
                  for i in SKIP for m in lm.adapter.kv_maps[SKIP].maps[i]]
         try:
-            run(lm, tiny_prompt(12), "pop_repair", SKIP, GREEDY, counts=c)
+            run(lm, tiny_prompt(12), RunSetting(SKIP, "pop_repair"), GREEDY, counts=c)
         finally:
             for h in hooks:
                 h.remove()

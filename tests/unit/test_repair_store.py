@@ -139,3 +139,30 @@ def test_half_precision_maps_load_upcast(tmp_store, random_data):
     save_file({k: v.to(torch.bfloat16) for k, v in load_file(path).items()}, str(path))
     repair_store.attach(lm, repair_store.load(rep.key))
     assert lm.adapter.kv_maps[SKIP].maps
+
+
+def test_the_engines_maps_file_comes_from_the_store_without_a_model(tmp_store, random_data,
+                                                                    tmp_path):
+    """serve --repair KEY|auto finds the file from the store and the checkpoint's K/V weights
+    alone (no model built); a repair for another skip set or checkpoint is refused in one line."""
+    from pop_analysis.repair.fit import checkpoint_fingerprint, model_identity
+
+    lm, other = tiny_model("llama"), tiny_model("llama", seed=7)
+    folder, elsewhere = tmp_path / "llama", tmp_path / "other"
+    lm.model.save_pretrained(folder)
+    other.model.save_pretrained(elsewhere)
+    n = lm.adapter.n_layers
+    assert checkpoint_fingerprint(folder, n) == model_identity(lm)["fingerprint"]
+    assert repair_store.stored_maps_file(folder, n, SKIP, "auto") is None  # none stored yet
+    rep, _ = repair_store.fit_and_store(lm, SKIP, RepairConfig(data="random"))
+    want = str(maps_file(tmp_store, rep.key).resolve())
+    assert repair_store.stored_maps_file(folder, n, SKIP, "auto") == want
+    assert repair_store.stored_maps_file(folder, n, SKIP, rep.key) == want
+    assert repair_store.stored_maps_file(folder, n, (3, 4, 5), "auto") is None
+    for directory, skip, words in ((folder, (3, 4, 5), "fitted for skip set 4-5, not 3-5"),
+                                   (elsewhere, SKIP, "another checkpoint than other")):
+        with pytest.raises(RepairError, match=words) as e:
+            repair_store.stored_maps_file(directory, n, skip, rep.key)
+        assert "\n" not in str(e.value)
+    with pytest.raises(RepairError, match="no stored repair 'nope'"):
+        repair_store.stored_maps_file(folder, n, SKIP, "nope")

@@ -8,13 +8,14 @@ from pop_analysis.engine.adapter import Shape
 from pop_analysis.speed.flops import ideal_speedup, prefill_flop_share
 from pop_analysis.speed.machine import Rates, machine_rates
 from pop_analysis.speed.roofline import (
-    PATHS,
     attention_span,
     breakdown,
     prefill_ops,
     roofline_speedup,
     total_flops,
 )
+from pop_vllm.run_setting import RunSetting
+from pop_vllm.variants import Variant
 
 SMOL = Shape(n_layers=30, hidden=576, n_heads=9, n_kv_heads=3, head_dim=64, intermediate=1536,
              vocab=49152, max_positions=8192)
@@ -36,57 +37,58 @@ def test_flop_ideal_matches_the_closed_form_for_the_papers_block():
     head = 2 * s.hidden * s.vocab
     full = 30 * layer(n, n * (n + 1) // 2) + head
     pop = 20 * layer(n, n * (n + 1) // 2) + 10 * 4 * (n - 1) * s.hidden * dkv + 10 * layer(1, n) + head
-    assert ideal_speedup(s, n, LAST_THIRD) == pytest.approx(full / pop, rel=1e-12)
-    assert [round(ideal_speedup(s, n, LAST_THIRD), 2) for n in (32, 128, 512, 2048)] == \
-        [1.43, 1.45, 1.46, 1.47]
-    assert prefill_flop_share(s, 512, LAST_THIRD) == pytest.approx(pop / full)
+    assert ideal_speedup(s, n, RunSetting(LAST_THIRD)) == pytest.approx(full / pop, rel=1e-12)
+    assert [round(ideal_speedup(s, n, RunSetting(LAST_THIRD)), 2)
+            for n in (32, 128, 512, 2048)] == [1.43, 1.45, 1.46, 1.47]
+    assert prefill_flop_share(s, 512, RunSetting(LAST_THIRD)) == pytest.approx(pop / full)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", [v for v in Variant if v != Variant.POP_REPAIR])
 def test_nothing_skipped_is_the_full_model(path):
-    assert ideal_speedup(SMOL, 64, (), path) == pytest.approx(1.0)
-    assert roofline_speedup(SMOL, 64, (), path, rates()) == pytest.approx(1.0)
+    assert ideal_speedup(SMOL, 64, RunSetting((), path)) == pytest.approx(1.0)
+    assert roofline_speedup(SMOL, 64, RunSetting((), path), rates()) == pytest.approx(1.0)
 
 
 def test_roofline_equals_flop_ideal_when_nothing_is_memory_bound():
     r = rates(bandwidth=math.inf)
     for n in (32, 512):
-        assert roofline_speedup(SMOL, n, LAST_THIRD, "pop", r) == \
-            pytest.approx(ideal_speedup(SMOL, n, LAST_THIRD), rel=1e-9)
+        assert roofline_speedup(SMOL, n, RunSetting(LAST_THIRD), r) == \
+            pytest.approx(ideal_speedup(SMOL, n, RunSetting(LAST_THIRD)), rel=1e-9)
 
 
 def test_shared_memory_bound_work_caps_short_prompts():
     r = rates()
-    short = roofline_speedup(SMOL, 32, LAST_THIRD, "pop", r)
-    long = roofline_speedup(SMOL, 2048, LAST_THIRD, "pop", r)
-    assert 1.0 < short < ideal_speedup(SMOL, 32, LAST_THIRD) - 0.1, short
-    assert long == pytest.approx(ideal_speedup(SMOL, 2048, LAST_THIRD), rel=0.03)
-    parts = breakdown(SMOL, 32, LAST_THIRD, "pop", r)
+    short = roofline_speedup(SMOL, 32, RunSetting(LAST_THIRD), r)
+    long = roofline_speedup(SMOL, 2048, RunSetting(LAST_THIRD), r)
+    assert 1.0 < short < ideal_speedup(SMOL, 32, RunSetting(LAST_THIRD)) - 0.1, short
+    assert long == pytest.approx(ideal_speedup(SMOL, 2048, RunSetting(LAST_THIRD)), rel=0.03)
+    parts = breakdown(SMOL, 32, RunSetting(LAST_THIRD), r)
     assert parts["lm_head (memory)"] == pytest.approx(2 * 576 * 49152 / 2e10 * 2, rel=0.01)
 
 
 def test_ablation_paths_do_less_or_more_work_as_they_should():
     n = 256
-    pop = total_flops(prefill_ops(SMOL, n, LAST_THIRD, "pop"))
-    assert total_flops(prefill_ops(SMOL, n, LAST_THIRD, "pop_no_kv")) < pop
-    assert total_flops(prefill_ops(SMOL, n, LAST_THIRD, "static")) < \
-        total_flops(prefill_ops(SMOL, n, LAST_THIRD, "pop_no_boundary")) < pop
-    assert ideal_speedup(SMOL, n, LAST_THIRD, "static") > ideal_speedup(SMOL, n, LAST_THIRD)
-    assert ideal_speedup(SMOL, n, LAST_THIRD, "pop_repair") == ideal_speedup(SMOL, n, LAST_THIRD)
-    with pytest.raises(ValueError, match="unknown path"):
-        prefill_ops(SMOL, n, LAST_THIRD, "turbo")
+    pop = total_flops(prefill_ops(SMOL, n, RunSetting(LAST_THIRD)))
+    assert total_flops(prefill_ops(SMOL, n, RunSetting(LAST_THIRD, "pop_no_kv"))) < pop
+    assert total_flops(prefill_ops(SMOL, n, RunSetting(LAST_THIRD, "static"))) < \
+        total_flops(prefill_ops(SMOL, n, RunSetting(LAST_THIRD, "pop_no_boundary"))) < pop
+    pop_ideal = ideal_speedup(SMOL, n, RunSetting(LAST_THIRD))
+    assert ideal_speedup(SMOL, n, RunSetting(LAST_THIRD, "static")) > pop_ideal
+    assert ideal_speedup(SMOL, n, RunSetting(LAST_THIRD, "pop_repair")) == pop_ideal
+    with pytest.raises(ValueError, match="unknown variant"):
+        prefill_ops(SMOL, n, RunSetting(LAST_THIRD, "turbo"))
 
 
 def test_interleaved_skip_runs_kept_upper_layers_over_the_prompt_and_the_boundary():
-    ops = [o.name for o in prefill_ops(SMOL, 16, (10, 20), "pop")]
+    ops = [o.name for o in prefill_ops(SMOL, 16, RunSetting((10, 20)))]
     assert ops.count("L15.gate_proj") == 2, "prompt pass + boundary step"
     assert ops.count("L5.gate_proj") == 1, "below the first skipped layer: shared trunk"
     assert ops.count("L10.gate_proj") == 1 and ops.count("L10.k_proj") == 2
 
 
 def test_batch_shares_the_weights():
-    one = roofline_speedup(SMOL, 32, LAST_THIRD, "pop", rates(), batch=1)
-    eight = roofline_speedup(SMOL, 32, LAST_THIRD, "pop", rates(), batch=8)
+    one = roofline_speedup(SMOL, 32, RunSetting(LAST_THIRD), rates(), batch=1)
+    eight = roofline_speedup(SMOL, 32, RunSetting(LAST_THIRD), rates(), batch=8)
     assert eight > one, "weight reads are shared by the batch, so less of the time is fixed"
 
 
@@ -143,12 +145,13 @@ def test_gemma_counts_its_window_norms_and_large_lm_head():
     assert glob.flops == 4 * 1024 * 2048 * 2049 // 2
     assert {"L0.q_norm", "L0.k_norm", "L0.post_attn_norm", "L0.post_ffn_norm"} <= set(ops)
     assert ops["lm_head"].flops == 2 * 640 * 262144, "one token through a 262k x 640 weight"
-    skipped = [o.name for o in prefill_ops(GEMMA, 64, range(12, 18), "pop") if o.name.startswith("L12.")]
+    skipped = [o.name for o in prefill_ops(GEMMA, 64, RunSetting(range(12, 18)))
+               if o.name.startswith("L12.")]
     # the prompt's K/V projection norms k only; the boundary step runs the layer in full
     assert skipped.count("L12.k_norm") == 2 and skipped.count("L12.q_norm") == 1
     # the window caps local attention, so the full model gains less from long prompts
-    assert ideal_speedup(GEMMA, 2048, range(12, 18)) < \
-        ideal_speedup(dataclasses.replace(GEMMA, windows=()), 2048, range(12, 18))
+    assert ideal_speedup(GEMMA, 2048, RunSetting(range(12, 18))) < \
+        ideal_speedup(dataclasses.replace(GEMMA, windows=()), 2048, RunSetting(range(12, 18)))
 
 
 def test_rates_measured_on_a_busy_machine_are_not_kept(tmp_path, monkeypatch):

@@ -11,10 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pop_vllm.engine_env import engine_env  # noqa: E402
-from pop_vllm.plan import VARIANTS, first_full_position, plan_step  # noqa: E402
+from pop_vllm.plan import first_full_position, plan_step  # noqa: E402
 from pop_vllm.repair import check_maps  # noqa: E402
-from pop_vllm.settings import PopSettingsError, make, overrides, parse  # noqa: E402
+from pop_vllm.run_setting import RunSetting, SettingError  # noqa: E402
+from pop_vllm.settings import PopSettingsError, overrides  # noqa: E402
+from pop_vllm.settings import engine_setting as parse
 from pop_vllm.step import StepFacts  # noqa: E402
+from pop_vllm.variants import SERVED as VARIANTS  # noqa: E402
 
 settings.register_profile("plan", max_examples=150, deadline=None, derandomize=True, database=None)
 settings.load_profile("plan")
@@ -125,17 +128,19 @@ def test_plan_rejects_inconsistent_counts():
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"skip": [30]}, "out of range: the model has 30 layers"),
+    ({"skip": [30]}, r"out of range: the model has layers 0\.\.29"),
     ({"skip": [-1]}, "out of range"),
     ({"skip": "20"}, "list of layer indices"),
     ({"skip": [2.5]}, "integer layer indices"),
     ({"skip": [True]}, "integer layer indices"),
-    ({"skip": [3], "variant": "static"}, "unknown POP variant 'static'"),
+    ({"skip": list(range(30))}, "cannot skip all 30 layers"),
+    ({"skip": [3], "variant": "static"}, "removes layers in decode too"),
+    ({"skip": [3], "variant": "half"}, "unknown variant 'half'"),
     ({"skip": [3], "ratio": 0.3}, "unknown pop setting"),
     ([3], "must be a dict"),
 ])
 def test_bad_settings_give_one_line(raw, message):
-    with pytest.raises(PopSettingsError, match=message) as info:
+    with pytest.raises(SettingError, match=message) as info:
         parse(raw, 30)
     assert "\n" not in str(info.value)
 
@@ -144,11 +149,13 @@ def test_settings_and_overrides():
     assert parse(None, 30).active is False
     s = parse({"skip": [29, 20, 20], "variant": "pop_no_boundary"}, 30)
     assert s.skip == (20, 29) and s.variant == "pop_no_boundary" and s.active
-    assert not make([], "pop", 30).active and not make([3], "full", 30).active
-    o = overrides("LlamaForCausalLM", [22, 21], "pop")
-    assert o == {"architectures": ["PopLlamaForCausalLM"], "pop": {"skip": [21, 22], "variant": "pop"}}
+    assert not RunSetting(()).active and not RunSetting([3], "full").active
+    o = overrides("LlamaForCausalLM", RunSetting([22, 21]))
+    assert o == {"architectures": ["PopLlamaForCausalLM"],
+                 "pop": {"skip": [21, 22], "variant": "pop", "repair": None}}
+    assert parse(o["pop"], 30) == RunSetting((21, 22))  # the engine reads back what was sent
     with pytest.raises(PopSettingsError, match="not supported by the POP plugin"):
-        overrides("GPT2LMHeadModel", [1])
+        overrides("GPT2LMHeadModel", RunSetting([1]))
 
 
 def test_pop_repair_settings(tmp_path):
@@ -156,7 +163,7 @@ def test_pop_repair_settings(tmp_path):
     maps.write_bytes(b"")
     s = parse({"skip": [3, 4], "variant": "pop_repair", "repair": str(maps)}, 30)
     assert s.repair == str(maps) and s.active
-    assert overrides("LlamaForCausalLM", [4, 3], "pop_repair", str(maps))["pop"] == {
+    assert overrides("LlamaForCausalLM", RunSetting([4, 3], "pop_repair", str(maps)))["pop"] == {
         "skip": [3, 4], "variant": "pop_repair", "repair": str(maps)}
     for raw, message in (({"skip": [3], "variant": "pop_repair"}, "needs a repair maps file"),
                          ({"skip": [3], "variant": "pop_repair", "repair": "r.safetensors"},
@@ -166,7 +173,7 @@ def test_pop_repair_settings(tmp_path):
                          ({"skip": [3], "variant": "pop", "repair": str(maps)},
                           "used by variant pop_repair only"),
                          ({"skip": [3], "variant": "pop_no_kv"}, "per-layer sequence lengths")):
-        with pytest.raises(PopSettingsError, match=message) as info:
+        with pytest.raises(SettingError, match=message) as info:
             parse(raw, 30)
         assert "\n" not in str(info.value)
 

@@ -1,20 +1,6 @@
-"""Run one variant as a stream for the UI, and compare two token sequences.
-
-The page shows each token as it arrives; this module only drives the library's side-by-side run
-and returns plain dicts (timings, ids, per-layer call counts).
-"""
+"""Generated tokens as the Generate page shows them: readable text, HTML with the first divergent
+token marked, the repetition loops a drifted cache can fall into, and what healing did."""
 from __future__ import annotations
-
-from pop_analysis.engine.models import LoadedModel
-from pop_analysis.inspection.side_by_side import run_variant
-from pop_vllm.healing import NO_HEAL
-
-
-def stream_variant(lm: LoadedModel, prompt_ids: list[int], variant: str, skip, cfg,
-                   on_token=None, heal=NO_HEAL) -> dict:
-    """Generate with call counting on; `on_token(ids_so_far)` after each token. Returns a dict
-    (pop_analysis.inspection.side_by_side.run_variant, which the stored examples use too)."""
-    return run_variant(lm, prompt_ids, variant, skip, cfg, on_token, heal)
 
 
 def heal_line(rep: dict | None) -> str | None:
@@ -41,20 +27,6 @@ def repeats(ids: list[int], longest: int = 6, times: int = 3) -> bool:
             if all(ids[i + j * n:i + (j + 1) * n] == ids[i:i + n] for j in range(1, k)):
                 return True
     return False
-
-
-def agreement(a: list[int], b: list[int]) -> tuple[float, int | None]:
-    """(share of positions where both sequences hold the same token, first differing index).
-
-    Positions are compared up to the longer length (a missing token counts as a difference);
-    the index is None when the sequences are identical.
-    """
-    n = max(len(a), len(b))
-    if n == 0:
-        return 1.0, None
-    same = sum(1 for i in range(min(len(a), len(b))) if a[i] == b[i])
-    first = next((i for i in range(n) if i >= len(a) or i >= len(b) or a[i] != b[i]), None)
-    return same / n, first
 
 
 def token_pieces(tokenizer, ids: list[int]) -> list[str]:
