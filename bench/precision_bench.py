@@ -97,7 +97,7 @@ def drift_rows(lm, items, configs) -> dict:
         ids = torch.tensor([list(it.prompt_ids)])  # (1, N)
         ref = run_prompt(a, ids, RunSetting.full()).cache
         for c in configs:
-            cos = cache_cosine(a, run_prompt(a, ids, c.setting, precision=c.precision).cache,
+            cos = cache_cosine(a, run_prompt(a, ids, c.setting).cache,
                                ref)
             for q in ("k", "v"):
                 out[c.name][q].append(sum(cos[q]) / len(cos[q]))
@@ -108,7 +108,7 @@ def drift_rows(lm, items, configs) -> dict:
 def stage_quality(lm, args) -> None:
     configs = standard(lm.adapter.n_layers)
     items = load_eval_set(lm, "gsm8k", args.start + args.samples).items[args.start:]
-    variants = [Arm(c.name, c.setting, c.precision) for c in configs]
+    variants = [Arm(c.name, c.setting) for c in configs]
     t0 = time.perf_counter()
     done = [0]
 
@@ -153,7 +153,7 @@ def stage_plan(lm, args) -> None:
     picked = from_plan("planner", list(pick.layers))
     candidates = [picked] + grid(a.n_layers)
     items = load_eval_set(lm, "gsm8k", args.grid_samples).items
-    variants = [Arm(c.name, c.setting, c.precision) for c in candidates]
+    variants = [Arm(c.name, c.setting) for c in candidates]
     scores = evaluate_variants(lm, items, variants, args.max_new_tokens, generate=False)
     ids512 = random_prompt(lm, args.plan_tokens)
     points, rows = [], []

@@ -9,9 +9,9 @@ from dashboard.charts.precision import frontier_chart
 from dashboard.panels import presenter
 from dashboard.session import state
 from dashboard.session.precision_state import int8_for, set_int8
-from pop_analysis.engine.precision import (Configuration, Precision, PrecisionError, layer_plan,
-                                           plan_code)
-from pop_analysis.engine.skipset import SkipSetError, describe
+from pop_analysis.engine.precision import Configuration, Precision, layer_plan, plan_code
+from pop_analysis.engine.skipset import describe
+from pop_vllm.run_setting import RunSetting, SettingError
 
 INT8_COLOUR = style.INT8
 BOX = "w.int8"  # the sidebar's int8 box (synced from the shared set every run)
@@ -26,7 +26,7 @@ def _apply(layers, n: int, skip, where: str) -> None:
     try:
         set_int8(layers, n, skip)
         st.session_state.pop(ERROR, None)
-    except (PrecisionError, SkipSetError) as e:
+    except SettingError as e:
         st.session_state[ERROR] = (where, str(e))
 
 
@@ -35,7 +35,7 @@ def _on_box(n: int, skip) -> None:
 
     try:
         layers = parse_skip(st.session_state[BOX])
-    except SkipSetError as e:
+    except SettingError as e:
         st.session_state[ERROR] = ("sidebar", str(e))
         return
     _apply(layers, n, skip, "sidebar")
@@ -84,7 +84,7 @@ def section(lm, skip) -> None:
     cols[1].button("None in int8", key="precision.none", width="stretch",
                    on_click=_apply, args=((), n, skip, "page"))
     _error("page", st)
-    plan = plan_code(layer_plan(n, "pop" if skip else "full", skip, Precision(int8)))
+    plan = plan_code(layer_plan(n, _current(skip, int8)))
     st.markdown(f"Per layer (F full, I int8, S skipped): `{plan}` · int8 {describe(int8)}")
     _frontier(lm, skip, int8)
     mem = memory(lm.adapter)
@@ -99,9 +99,13 @@ def _configs(n: int, skip, int8) -> list[Configuration]:
 
     out = [FULL_CONFIG, *standard(n)]
     if int8 or skip:
-        out.append(Configuration("current", "pop" if skip else "full", tuple(skip),
-                                 Precision(tuple(int8))))
+        out.append(Configuration("current", _current(skip, int8)))
     return out
+
+
+def _current(skip, int8) -> RunSetting:
+    """The shared skip set and int8 layers as one setting (POP when something is skipped)."""
+    return RunSetting(skip, "pop" if skip else "full", precision=Precision(tuple(int8)))
 
 
 def _frontier(lm, skip, int8) -> None:

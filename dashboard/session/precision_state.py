@@ -16,14 +16,17 @@ def int8_for(n_layers: int, skip) -> tuple[int, ...]:
     """The shared int8 set for a model of n_layers, less the skipped layers; () when it was made
     for another model or never set. A set from a link out of range is dropped with a warning."""
     from dashboard.session.state import flash
+    from pop_vllm.precision import Precision
+    from pop_vllm.run_setting import RunSetting, SettingError
 
     made_for = st.session_state.get(INT8_OF)
     layers = st.session_state.get(INT8, ())
-    if layers and made_for is None:  # from a link: check it now
-        bad = [i for i in layers if not 0 <= i < n_layers]
-        if bad:
-            flash("warning", f"The link's int8 layers {bad[:8]} do not fit this model's "
-                             f"{n_layers} layers; none run in int8.")
+    if layers and made_for is None:  # from a link: checked now, by the run setting's validator
+        try:
+            RunSetting(precision=Precision(tuple(layers)), variant="full").check(n_layers)
+        except SettingError as e:
+            flash("warning", f"The link's int8 layers do not fit this model ({e}); none run in "
+                             "int8.")
             layers = ()
         made_for = n_layers
     if made_for != n_layers:
@@ -33,27 +36,19 @@ def int8_for(n_layers: int, skip) -> tuple[int, ...]:
 
 
 def set_int8(layers, n_layers: int, skip) -> tuple[int, ...]:
-    """Check and share a new int8 set; PrecisionError (one line) when a layer is out of range or
-    also skipped."""
-    from pop_analysis.engine.precision import Precision, PrecisionError
-    from pop_analysis.engine.skipset import describe
+    """Check and share a new int8 set beside the skip set; a SettingError (one line, the run
+    setting's validator) when a layer is out of range or also skipped."""
+    from pop_vllm.precision import Precision
+    from pop_vllm.run_setting import RunSetting
 
-    out = Precision(tuple(layers)).int8
-    bad = [i for i in out if not 0 <= i < n_layers]
-    if bad:
-        raise PrecisionError(f"int8 layer(s) {describe(bad)} out of range: the model has layers "
-                             f"0..{n_layers - 1}")
-    both = sorted(set(out) & set(skip))
-    if both:
-        raise PrecisionError(f"layer(s) {describe(both)} both skipped and int8: a layer's prompt "
-                             "runs in one precision (full, int8 or skip)")
-    st.session_state[INT8], st.session_state[INT8_OF] = out, n_layers
-    return out
+    setting = RunSetting(skip, precision=Precision(tuple(layers))).check(n_layers)
+    st.session_state[INT8], st.session_state[INT8_OF] = setting.precision.int8, n_layers
+    return setting.precision.int8
 
 
 def precision_for(n_layers: int, skip):
-    """The shared setting as an engine Precision."""
-    from pop_analysis.engine.precision import Precision
+    """The shared int8 layers as a Precision (pop_vllm/precision.py)."""
+    from pop_vllm.precision import Precision
 
     return Precision(int8_for(n_layers, skip))
 

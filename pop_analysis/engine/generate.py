@@ -14,7 +14,7 @@ import torch
 from pop_analysis.engine.heal import heal_prompt
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import PromptError, check_prompt, check_text, decode_step, run_prompt
-from pop_analysis.engine.precision import Precision, PrecisionError, decode_twins
+from pop_analysis.engine.precision import decode_twins
 from pop_analysis.errors import InputError
 from pop_vllm.run_setting import RunSetting
 
@@ -172,20 +172,15 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def generate(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting,
-             cfg: SamplingConfig = SamplingConfig(), counts=None,
-             precision: Precision | None = None):
+             cfg: SamplingConfig = SamplingConfig(), counts=None):
     """Yield the new tokens of one run setting one by one (a generator: the UI streams it).
 
     `counts` (from counters.count_calls) is told the stage: prefill, boundary, decode (and heal
     while a healing chunk runs). `heal` (pop_vllm.healing) heals the pruned prompt's cache
     between decode steps, after the first token; each Token then carries the healing so far.
-    `precision`: layers whose prompt runs in int8 (engine/precision.py); decode stays fp32.
+    The setting's int8 layers (engine/precision.py) run the prompt only; decode stays fp32.
     """
     setting.check(lm.adapter.n_layers)
-    int8 = precision is not None and precision.active
-    if int8 and setting.heal.active:
-        raise PrecisionError("healing re-runs the pruned layers in fp32 from the first skipped "
-                             "one up; it does not take int8 prompt layers: choose one of them")
     check_prompt(lm.adapter, len(prompt_ids), cfg.max_new_tokens)
     adapter = lm.adapter
     device = adapter.device
@@ -195,11 +190,8 @@ def generate(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting,
     ids = torch.tensor([prompt_ids], device=device)  # (1, N)
     synchronize(device)
     t0 = time.perf_counter()
-    if int8:
-        first, healer = run_prompt(adapter, ids, setting, counts, precision=precision), None
-    else:
-        first, healer = heal_prompt(adapter, ids, setting, counts)
-    twins = decode_twins(adapter, precision)  # {} unless uniform int8 (a baseline)
+    first, healer = heal_prompt(adapter, ids, setting, counts)  # no healer unless it heals
+    twins = decode_twins(adapter, setting.precision)  # {} unless uniform int8 (a baseline)
     if counts is not None:
         counts.stage = "decode"
     nxt = pick(first.logits.cpu(), cfg, gen)  # (1, 1)
@@ -221,12 +213,11 @@ def generate(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting,
 
 
 def run(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting,
-        cfg: SamplingConfig = SamplingConfig(), on_token=None, counts=None,
-        precision: Precision | None = None) -> Generation:
+        cfg: SamplingConfig = SamplingConfig(), on_token=None, counts=None) -> Generation:
     """Drain `generate` into a Generation; `on_token(Token)` sees each token as it arrives."""
     out = Generation(variant=setting.variant)
     last = 0.0
-    for tok in generate(lm, prompt_ids, setting, cfg, counts, precision):
+    for tok in generate(lm, prompt_ids, setting, cfg, counts):
         out.heal = tok.heal
         if tok.index == 0:
             out.ttft_s = tok.elapsed_s

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
-from pop_analysis.engine.precision import Precision, check as check_precision, twins as int8_twins
+from pop_analysis.engine.precision import check_available, twins as int8_twins
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
 from pop_vllm.run_setting import RunSetting
@@ -195,8 +195,8 @@ class FirstStep:
 
 @torch.inference_mode()
 def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, setting: RunSetting, counts=None,
-               attention_mask: torch.Tensor | None = None, keep_trunk: bool = False,
-               precision: Precision | None = None) -> FirstStep:
+               attention_mask: torch.Tensor | None = None,
+               keep_trunk: bool = False) -> FirstStep:
     """Prompt in -> logits of the first new token out, for one setting (boundary step included).
 
     `counts` (a counters.CallCounts) is told the stage: "prefill", then "boundary" for x_N.
@@ -207,7 +207,7 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, setting: RunSetting, 
     them in fp32.
     """
     setting.check(adapter.n_layers)
-    check_precision(adapter, setting.variant, setting.skip, precision)
+    check_available(adapter, setting)
     if setting.variant == Variant.POP_REPAIR:
         repair_maps(adapter, setting.skip)  # refuse before any work when no repair fits the set
     n = ids.shape[1]
@@ -216,9 +216,10 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, setting: RunSetting, 
                           "every row")
     cache = adapter.new_cache()
     am = attention_mask
+    precision = setting.precision
     twins = int8_twins(adapter, precision)
     _stage(counts, "prefill")
-    uniform = precision is not None and precision.decode_int8  # int8 for x_N too (baseline)
+    uniform = precision.decode_int8  # int8 for x_N too (a baseline)
     if uniform or (not setting.boundary and not twins):  # int8 prompt layers: x_N apart
         h = prefill(adapter, ids, cache, setting.skip, setting.skip_mode, attention_mask=am,
                     twins=twins)  # all N positions
@@ -238,8 +239,7 @@ def _pruned_prompt(adapter: DecoderAdapter, ids, cache, setting: RunSetting, am,
     only layers first_skipped..L-1: the full model's result for x_N at a third of the cost.
     The same holds below the first int8 layer.
     """
-    skip = setting.skip if setting.active else ()
-    first = min((*skip, *(twins or {})), default=adapter.n_layers)
+    first = setting.first_changed(adapter.n_layers)
     pad = padding(am, ids.shape[0], ids.shape[1])  # (B, N) or None
     h, pos = _embed(adapter, ids, 0, pad)  # (B, N, D), (B, N)
     h = run_layers(adapter, h, pos, cache, (), None, pad, range(first))  # shared trunk, all N

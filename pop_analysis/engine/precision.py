@@ -1,4 +1,5 @@
-"""Stage-aware precision: which layers run the prompt in int8.
+"""Stage-aware precision in the engine: the int8 copies a run setting's precision runs, and the
+per-layer plan of a configuration.
 
 Per layer, the prompt x_1..x_{N-1} runs in one of three precisions:
 
@@ -9,6 +10,9 @@ Per layer, the prompt x_1..x_{N-1} runs in one of three precisions:
 x_N (the boundary token) and every generated token run every layer in fp32 from the original
 weights: decode is the full model's, given the cache the prompt left. `decode_int8` is the
 baseline that quantises everything (uniform int8: prompt, x_N and decode through the int8 copies).
+Which layers run in int8 is the run setting's `precision` (pop_vllm/precision.py), checked by its
+one validator; what only the loaded model can refuse (no int8 kernel for its dtype or device) is
+`check_available`.
 """
 from __future__ import annotations
 
@@ -16,76 +20,33 @@ from dataclasses import dataclass
 
 from pop_analysis.engine.int8 import int8_layers, unavailable_reason
 from pop_analysis.engine.skipset import describe
-from pop_analysis.errors import InputError
+from pop_vllm.precision import FP32, PRECISIONS, Precision, PrecisionError
 from pop_vllm.run_setting import RunSetting
 
-PRECISIONS = ("full", "int8", "skip")  # a layer's prompt precision
 CODES = {"full": "F", "int8": "I", "skip": "S"}  # one letter per layer in labels and plans
-INT8_VARIANTS = ("full", "pop")  # the variants int8 layers combine with
+
+__all__ = ["FP32", "Precision", "PrecisionError", "Configuration", "check_available", "label",
+           "layer_plan", "plan_code", "twins", "decode_twins", "from_plan"]
 
 
-class PrecisionError(InputError):
-    """A precision setting that cannot run; the message is one line."""
+def check_available(adapter, setting: RunSetting) -> None:
+    """Refuse, in one line, int8 layers this model or device has no int8 path for."""
+    if setting.precision.active:
+        reason = unavailable_reason(adapter)
+        if reason:
+            raise PrecisionError(reason)
 
 
-@dataclass(frozen=True)
-class Precision:
-    """Which layers run the prompt in int8 (hashable: a cache key can hold it)."""
-
-    int8: tuple[int, ...] = ()  # layers whose prompt positions run their int8 copy, sorted
-    decode_int8: bool = False  # baseline: x_N and decode through the int8 copies too
-
-    def __post_init__(self):
-        try:
-            layers = tuple(sorted({int(i) for i in self.int8}))
-        except (TypeError, ValueError):
-            raise PrecisionError(f"int8 must be a list of layer indices, got {self.int8!r:.80}") \
-                from None
-        object.__setattr__(self, "int8", layers)
-        if self.decode_int8 and not layers:
-            raise PrecisionError("int8 decode (uniform int8) needs int8 layers")
-
-    @property
-    def active(self) -> bool:
-        return bool(self.int8)
-
-    def label(self) -> str:
-        if not self.int8:
-            return "fp32"
-        return f"int8 {describe(self.int8)}" + (" (decode too)" if self.decode_int8 else "")
+def label(precision: Precision) -> str:
+    if not precision.int8:
+        return "fp32"
+    return f"int8 {describe(precision.int8)}" + (" (decode too)" if precision.decode_int8 else "")
 
 
-FP32 = Precision()
-
-
-def check(adapter, variant: str, skip, precision: Precision | None) -> None:
-    """Refuse, in one line, a precision this model, variant and skip set cannot run."""
-    if precision is None or not precision.active:
-        return
-    n = adapter.n_layers
-    bad = [i for i in precision.int8 if not 0 <= i < n]
-    if bad:
-        raise PrecisionError(f"int8 layer(s) {describe(bad)} out of range: the model has layers "
-                             f"0..{n - 1}")
-    if variant not in INT8_VARIANTS:
-        raise PrecisionError(f"int8 layers combine with variants {' and '.join(INT8_VARIANTS)}, "
-                             f"not {variant}")
-    both = sorted(set(precision.int8) & set(skip)) if variant == "pop" else []
-    if both:
-        raise PrecisionError(f"layer(s) {describe(both)} both skipped and int8: a layer's prompt "
-                             "runs in one precision (full, int8 or skip)")
-    if precision.decode_int8 and variant != "full":
-        raise PrecisionError("int8 decode (uniform int8) is a baseline of the full model: use "
-                             "variant full, no skip set")
-    reason = unavailable_reason(adapter)
-    if reason:
-        raise PrecisionError(reason)
-
-
-def layer_plan(n_layers: int, variant: str, skip, precision: Precision | None) -> list[str]:
+def layer_plan(n_layers: int, setting: RunSetting) -> list[str]:
     """Per layer, its prompt precision: 'full', 'int8' or 'skip'."""
-    skipped = set(skip) if variant not in ("full",) else set()
-    int8 = set(precision.int8) if precision else set()
+    skipped = set(setting.skip) if setting.pruned else set()
+    int8 = set(setting.precision.int8)
     return ["skip" if i in skipped else "int8" if i in int8 else "full" for i in range(n_layers)]
 
 
@@ -94,32 +55,37 @@ def plan_code(plan) -> str:
     return "".join(CODES[p] for p in plan)
 
 
-def twins(adapter, precision: Precision | None) -> dict:
+def twins(adapter, precision: Precision) -> dict:
     """The int8 copies the precision runs ({} for fp32)."""
-    return int8_layers(adapter, precision.int8) if precision and precision.active else {}
+    return int8_layers(adapter, precision.int8) if precision.active else {}
 
 
-def decode_twins(adapter, precision: Precision | None) -> dict:
+def decode_twins(adapter, precision: Precision) -> dict:
     """The int8 copies decode runs: only the uniform int8 baseline's; {} otherwise."""
-    return twins(adapter, precision) if precision and precision.decode_int8 else {}
+    return twins(adapter, precision) if precision.decode_int8 else {}
 
 
 @dataclass(frozen=True)
 class Configuration:
-    """One way to run the prompt, for a frontier of speed against quality."""
+    """One way to run the prompt, named, for a frontier of speed against quality."""
 
     name: str  # its label ("pop", "int8 prefill", "IIIFFS...")
-    variant: str = "full"  # the pop.py variant (full or pop)
-    skip: tuple[int, ...] = ()  # layers pop skips in prefill
-    precision: Precision = FP32  # layers whose prompt runs in int8
-
-    def plan(self, n_layers: int) -> list[str]:
-        return layer_plan(n_layers, self.variant, self.skip, self.precision)
+    setting: RunSetting = RunSetting.full()  # its skip set, variant and int8 layers
 
     @property
-    def setting(self) -> RunSetting:
-        """Its skip set and variant as the engine takes them."""
-        return RunSetting(self.skip, self.variant)
+    def variant(self) -> str:
+        return str(self.setting.variant)
+
+    @property
+    def skip(self) -> tuple[int, ...]:
+        return self.setting.skip
+
+    @property
+    def precision(self) -> Precision:
+        return self.setting.precision
+
+    def plan(self, n_layers: int) -> list[str]:
+        return layer_plan(n_layers, self.setting)
 
 
 def from_plan(name: str, plan) -> Configuration:
@@ -130,4 +96,5 @@ def from_plan(name: str, plan) -> Configuration:
                              f"{', '.join(PRECISIONS)}")
     skip = tuple(i for i, p in enumerate(plan) if p == "skip")
     int8 = tuple(i for i, p in enumerate(plan) if p == "int8")
-    return Configuration(name, "pop" if skip else "full", skip, Precision(int8))
+    return Configuration(name, RunSetting(skip, "pop" if skip else "full",
+                                          precision=Precision(int8)))

@@ -22,14 +22,12 @@ def shareable(adapter: DecoderAdapter) -> bool:
     return all(w is None for w in adapter.windows)
 
 
-def start_layer(adapter: DecoderAdapter, setting: RunSetting, precision=None) -> int:
+def start_layer(adapter: DecoderAdapter, setting: RunSetting) -> int:
     """The first layer a setting must run itself (0: nothing to share); int8 prompt layers
     count as changed ones, and uniform int8 shares nothing (x_N and decode change too)."""
-    int8 = precision.int8 if precision is not None else ()
-    changed = (*(setting.skip if setting.active else ()), *int8)
-    if not changed or not shareable(adapter) or (precision is not None and precision.decode_int8):
+    if not setting.active or not shareable(adapter) or setting.precision.decode_int8:
         return 0
-    return min(changed)
+    return setting.first_changed(adapter.n_layers)
 
 
 @torch.inference_mode()
@@ -48,14 +46,14 @@ def full_chunk(adapter: DecoderAdapter, ids, cache, start: int = 0, attention_ma
 
 @torch.inference_mode()
 def prompt_from(adapter: DecoderAdapter, h, start: int, setting: RunSetting,
-                attention_mask=None, precision=None) -> FirstStep:
+                attention_mask=None) -> FirstStep:
     """`run_prompt` from the full model's hidden states entering layer `start` (B, N, D); the
     cache holds layers start.. only (see `borrow_lower`)."""
     b, n = h.shape[:2]
     pad = padding(attention_mask, b, n)  # (B, N) or None
     pos = adapter.positions(0, n, b, pad)  # (B, N)
     cache = adapter.new_cache()
-    twins = int8_twins(adapter, precision)
+    twins = int8_twins(adapter, setting.precision)
     logits = prompt_above(adapter, h, pos, pad, cache, setting, start, twins=twins)
     return FirstStep(logits, cache, n, attention_mask)
 

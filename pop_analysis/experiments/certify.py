@@ -41,12 +41,13 @@ from pop_analysis.importance.picks import SHAPES
 from pop_analysis.progress import Tracker
 from pop_analysis.quality import stats
 from pop_analysis.quality.evalsets import load_eval_set
-from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.quality.evaluate import FULL, Arm, evaluate_variants
 from pop_analysis.quality.guarantee import bad_items, check_level, fixed_sequence, risk_bound
 from pop_analysis.quality.splits import Split
 from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.store import results as store
 from pop_analysis.store.schema import Record, plain
+from pop_vllm.run_setting import RunSetting
 
 KIND = "certificate"
 LOSSES = ("nll", "divergence")
@@ -155,7 +156,7 @@ class _Measure:
         self.lm, self.items, self.cfg, self.tracker, self.phase = lm, items, cfg, tracker, phase
 
     def __call__(self, sets) -> dict[str, dict]:
-        cfg, new = self.cfg, [Variant(describe(s), "pop", s) for s in sets]
+        cfg, new = self.cfg, [Arm(describe(s), RunSetting(s)) for s in sets]
         step = lambda k: self.tracker.step(k, f"{self.phase}: {len(new)} set(s)")  # noqa: E731
         scores = evaluate_variants(self.lm, self.items, new, max(cfg.answer_tokens, 1)
                                    if cfg.loss == "nll" else cfg.tokens,
@@ -247,7 +248,7 @@ def certify(lm: LoadedModel, ranking, splits: list[Split], cfg: CertifyConfig = 
         seconds={"selection": t1 - t0, "certification": t2 - t1},
         estimate={"set": chosen["set"], "delta_nll": est.value, "ci": list(est.ci), "n": est.n,
                   "kind": "estimate (BCa bootstrap 95%), not a guarantee"},
-        ideal_speedup=ideal_speedup(lm.adapter.shape, 512, tuple(chosen["skip_layers"]))
+        ideal_speedup=ideal_speedup(lm.adapter.shape, 512, RunSetting(chosen["skip_layers"]))
         if last >= 0 else 1.0,
         statement="", not_covered=NOT_COVERED.format(data=cer.source, answer=cfg.answer_tokens),
         note="")

@@ -20,10 +20,11 @@ from pathlib import Path
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
-from pop_analysis.quality.evaluate import FULL, Variant, evaluate_variants
+from pop_analysis.quality.evaluate import FULL, Arm, evaluate_variants
 from pop_analysis.quality.items import EvalItem
 from pop_analysis.quality.splits import item_fingerprint
 from pop_analysis.store.records import RecordError, numbers
+from pop_vllm.run_setting import RunSetting
 
 KIND = "item_losses"
 DIGITS = 6
@@ -116,7 +117,7 @@ def compute_table(lm: LoadedModel, items: list[EvalItem], sets, path: Path, data
         if not todo and all(full[i] is not None for i in idx):
             continue
         scores = evaluate_variants(lm, [items[i] for i in idx],
-                                   [Variant(describe(s), "pop", s) for s in todo],
+                                   [Arm(describe(s), RunSetting(s)) for s in todo],
                                    max(answer_tokens, 1), generate=False)
         for j, i in enumerate(idx):
             full[i] = round(scores[FULL.name].continuation_nll[j], DIGITS)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pop_analysis.engine.precision import FP32, Configuration, Precision, from_plan
+from pop_analysis.engine.precision import Configuration, Precision, from_plan
 from pop_analysis.engine.skipset import last_block
+from pop_vllm.run_setting import RunSetting
 
 INT8_SHARES = {"none": 0.0, "upper half": 0.5, "all but 2": None, "all": 1.0}  # of the kept layers
 SKIP_SHARES = (0.0, 1 / 6, 1 / 4, 1 / 3)  # tail blocks (the paper's is a third)
@@ -19,10 +20,11 @@ def standard(n_layers: int, ratio: float = 1 / 3) -> list[Configuration]:
     """The issue's four: POP alone, int8 prefill alone, uniform int8, POP + int8 prefill."""
     skip = last_block(n_layers, ratio)
     every, kept = tuple(range(n_layers)), tuple(i for i in range(n_layers) if i not in skip)
-    return [Configuration("pop", "pop", skip),
-            Configuration("int8 prefill", "full", (), Precision(every)),
-            Configuration("uniform int8", "full", (), Precision(every, decode_int8=True)),
-            Configuration("pop + int8 prefill", "pop", skip, Precision(kept))]
+    full = RunSetting.full()
+    return [Configuration("pop", RunSetting(skip)),
+            Configuration("int8 prefill", full.replace(precision=Precision(every))),
+            Configuration("uniform int8", full.replace(precision=Precision(every, True))),
+            Configuration("pop + int8 prefill", RunSetting(skip, precision=Precision(kept)))]
 
 
 def grid(n_layers: int) -> list[Configuration]:
@@ -77,7 +79,7 @@ def check_pick(pick: Point, points) -> dict:
             "searched": len(points)}
 
 
-FULL_CONFIG = Configuration("full", "full", (), FP32)
+FULL_CONFIG = Configuration("full")
 
 
 def measure_points(lm, configs, items, ids, timing=None, on_config=None) -> list[Point]:
@@ -88,7 +90,7 @@ def measure_points(lm, configs, items, ids, timing=None, on_config=None) -> list
     from pop_analysis.speed.precision_speed import FULL, time_config
     from pop_analysis.speed.timing import TimingConfig
 
-    variants = [Arm(c.name, c.setting, c.precision) for c in configs]
+    variants = [Arm(c.name, c.setting) for c in configs]
     scores = evaluate_variants(lm, items, variants, max_new_tokens=16, generate=False)
     out = []
     for k, c in enumerate(configs):

@@ -125,10 +125,9 @@ def trace(lm: LoadedModel, ids: list[int], run: str, setting: RunSetting,
     adapter = lm.adapter
     t = torch.tensor([ids], device=adapter.device)  # (1, N)
     picks = {}
-    prec = _precision(run, cfg)
-    with count_calls(adapter) as counts, log_positions(adapter, counts,
-                                                       int8_twins(adapter, prec)) as log:
-        first = run_prompt(adapter, t, setting, counts=counts, precision=prec)
+    twins = int8_twins(adapter, setting.precision)
+    with count_calls(adapter) as counts, log_positions(adapter, counts, twins) as log:
+        first = run_prompt(adapter, t, setting, counts=counts)
         nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
         picks[counts.stage] = (first.logits, nxt)
         for j in range(cfg.decode_steps):
@@ -165,19 +164,14 @@ class _Marks:
         self.marks.append((name, self.clock()))
 
 
-def _precision(run: str, cfg: StepConfig) -> Precision | None:
-    """The POP run's int8 layers (the full run has none)."""
-    return Precision(tuple(cfg.int8)) if run == "pop" and cfg.int8 else None
-
-
 @torch.inference_mode()
-def _timed(lm: LoadedModel, t: torch.Tensor, run: str, setting: RunSetting, cfg: StepConfig,
+def _timed(lm: LoadedModel, t: torch.Tensor, setting: RunSetting, cfg: StepConfig,
            clock) -> list[float]:
     """Seconds of each step of one run without hooks: the prompt's stages, then decode steps."""
     adapter = lm.adapter
     decode_steps = cfg.decode_steps
     marks = _Marks(clock)
-    first = run_prompt(adapter, t, setting, counts=marks, precision=_precision(run, cfg))
+    first = run_prompt(adapter, t, setting, counts=marks)
     nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
     nxt.tolist()  # the token is on the host: the step has ended
     ends = [clock()]
@@ -193,7 +187,7 @@ def _timed(lm: LoadedModel, t: torch.Tensor, run: str, setting: RunSetting, cfg:
 def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
                tracker=None) -> tuple[dict, dict]:
     """({run: per step, seconds per round}, the protocol's verdict on the TTFTs)."""
-    settings = run_settings(skip)
+    settings = run_settings(skip, cfg)
     t = torch.tensor([ids], device=lm.adapter.device)  # (1, N)
     clock = device_clock(lm.device)
     times = {run: [] for run in RUNS}
@@ -202,7 +196,7 @@ def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
     for r in range(1 + cfg.rounds):  # round 0 is the warm-up
         order = RUNS if r % 2 == 0 else RUNS[::-1]
         for run in order:
-            got = _timed(lm, t, run, settings[run], cfg, clock)
+            got = _timed(lm, t, settings[run], cfg, clock)
             if r:
                 times[run].append(got)
         if r:
@@ -253,14 +247,14 @@ def record(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig = StepConfig()
     """The step-through of `ids` (MIN_TOKENS..MAX_TOKENS tokens) with skip set `skip`."""
     t0 = time.perf_counter()
     n_layers = lm.adapter.n_layers
-    skip = RunSetting(skip).check(n_layers).skip
+    skip = run_settings(skip, cfg)["pop"].check(n_layers).skip  # int8 layers checked with it
     if not MIN_TOKENS <= len(ids) <= MAX_TOKENS:
         raise PromptError(f"the step-through takes {MIN_TOKENS}-{MAX_TOKENS} tokens, got {len(ids)}")
     steps, lengths = [], {}
     tracker = Tracker(len(RUNS) + 1 + cfg.rounds, progress, "recording",
                       plan={"recording": len(RUNS), "timing": 2 * (1 + cfg.rounds)})
     for run in RUNS:
-        got, lengths[run] = trace(lm, ids, run, run_settings(skip)[run], cfg)
+        got, lengths[run] = trace(lm, ids, run, run_settings(skip, cfg)[run], cfg)
         steps += got
         tracker.step(1, f"recorded the {run} run", kind="recording")
     times, ttft = time_steps(lm, ids, skip, cfg, tracker)
@@ -285,14 +279,13 @@ def record(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig = StepConfig()
 def _ideal(lm: LoadedModel, n: int, skip, cfg: StepConfig) -> float:
     """The POP run's largest possible TTFT speedup: FLOPs, and int8 layers at their ceiling."""
     if cfg.int8:
-        return precision_ideal(lm, n, Configuration("pop", "pop", tuple(skip),
-                                                    Precision(tuple(cfg.int8))))
+        return precision_ideal(lm, n, Configuration("pop", run_settings(skip, cfg)["pop"]))
     return ideal_speedup(lm.adapter.shape, n, RunSetting(skip)) if skip else 1.0
 
 
-def run_settings(skip) -> dict[str, RunSetting]:
-    """The two runs a step-through shows, by their labels."""
-    return {"full": RunSetting.full(), "pop": RunSetting(skip)}
+def run_settings(skip, cfg: StepConfig) -> dict[str, RunSetting]:
+    """The two runs a step-through shows, by their labels (the POP run's int8 layers from cfg)."""
+    return {"full": RunSetting.full(), "pop": RunSetting(skip, precision=Precision(cfg.int8))}
 
 
 # --- results store ----------------------------------------------------------------------------

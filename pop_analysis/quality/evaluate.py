@@ -28,8 +28,7 @@ from pop_analysis.engine.pop import (
     run_prompt,
     teacher_force,
 )
-from pop_analysis.engine.precision import Precision, decode_twins
-from pop_analysis.engine.precision import check as check_precision
+from pop_analysis.engine.precision import check_available, decode_twins
 from pop_analysis.engine.trunk import (
     borrow_lower,
     continue_from,
@@ -61,7 +60,6 @@ class Arm:
 
     name: str  # the label of its results ("pop", "shallow", "ratio 0.4" ...)
     setting: RunSetting = RunSetting.full()  # how it runs the prompt
-    precision: Precision | None = None  # layers whose prompt runs in int8 (engine/precision.py)
 
 
 FULL = Arm("full")
@@ -111,7 +109,7 @@ def evaluate_variants(lm: LoadedModel, items, variants, max_new_tokens: int = 32
         raise EvalDataError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     for v in variants:
         v.setting.check(lm.adapter.n_layers)
-        check_precision(lm.adapter, v.setting.variant, v.setting.skip, v.precision)
+        check_available(lm.adapter, v.setting)
     out = {v.name: ItemScores.empty(v, len(items)) for v in [FULL, *variants]}
     run = _BatchRun(lm, max_new_tokens, generate, step)
     budget = token_budget_for(lm.adapter.shape.vocab, token_budget)
@@ -167,7 +165,7 @@ class _BatchRun:
         ids, mask = left_pad([list(it.prompt_ids) for it in items], self.pad or 0, a.device)  # (B, N)
         longest = max(max(len(it.reference_ids) for it in items), self.max_new)
         check_prompt(a, ids.shape[1], longest)
-        starts = {v.name: start_layer(a, v.setting, v.precision) for v in variants}
+        starts = {v.name: start_layer(a, v.setting) for v in variants}
         shared = sorted({s for s in starts.values() if s > 0})
         cache = a.new_cache()
         h, trunk = full_chunk(a, ids, cache, 0, mask, shared)  # (B, N, D), {layer: (B, N, D)}
@@ -182,9 +180,9 @@ class _BatchRun:
         self._record(out["full"], items, idx, self_fidelity(full_lp, targets), valid, refs, refs)
         for v in variants:
             s, drop = starts[v.name], v.setting.decode_drop
-            first = (prompt_from(a, trunk[s], s, v.setting, mask, v.precision) if s else
-                     run_prompt(a, ids, v.setting, attention_mask=mask, precision=v.precision))
-            self.twins = decode_twins(a, v.precision)  # {} unless uniform int8 (a baseline)
+            first = (prompt_from(a, trunk[s], s, v.setting, mask) if s else
+                     run_prompt(a, ids, v.setting, attention_mask=mask))
+            self.twins = decode_twins(a, v.setting.precision)  # {} unless uniform int8
             outs = self._greedy(first, drop, prompt_cache, s) if self.generate else None
             lp = self._logprobs(first, targets, mask, drop, cont_trunk.get(s), s)  # (B, M, V)
             self._record(out[v.name], items, idx, token_fidelity(lp, full_lp, targets), valid,

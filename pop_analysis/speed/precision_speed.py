@@ -21,12 +21,12 @@ from pop_analysis.speed.flops import full_prefill_flops, layer_flops, pop_prefil
 from pop_analysis.speed.timing import Timing, TimingConfig, measure
 
 INT8_CEILING = 4.0  # most an int8 layer can gain over fp32 here (see the module docstring)
-FULL = Configuration("full")
+FULL = Configuration("full")  # the full model in fp32
 
 
 def first_token(lm: LoadedModel, ids: torch.Tensor, c: Configuration) -> None:
     """One prompt pass of configuration `c` up to the first token id on the host."""
-    run_prompt(lm.adapter, ids, c.setting, precision=c.precision).logits.argmax(-1).tolist()
+    run_prompt(lm.adapter, ids, c.setting).logits.argmax(-1).tolist()
 
 
 def ideal(lm: LoadedModel, n: int, c: Configuration, reference: Configuration = FULL) -> float:

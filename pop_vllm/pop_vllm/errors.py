@@ -6,3 +6,8 @@ caught the same way whichever side of the seam it comes from."""
 class InputError(ValueError):
     """Input the project refuses (a flag, a file, a stored record, a run setting); the message
     is one line."""
+
+
+class SettingError(InputError):
+    """A run setting that cannot run (run_setting.py and its parts: healing.py, precision.py);
+    the message is one line, the same from every way in."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import InputError
+from .errors import SettingError
 
 POLICIES = ("none", "eager", "budget")
 DEFAULT_CHUNK = 64  # positions per healing chunk: one pass of layers f..L-1 over that many rows
@@ -27,7 +27,7 @@ HEALABLE = ("pop", "pop_repair")
 NOTHING_TO_HEAL = ("full",)
 
 
-class HealError(InputError):
+class HealError(SettingError):
     """Healing options no run can use; the message is one line."""
 
 

@@ -17,9 +17,10 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from . import healing
-from .errors import InputError
+from . import healing, precision
+from .errors import SettingError
 from .healing import NO_HEAL, Heal
+from .precision import FP32, Precision
 from .variants import NO_BOUNDARY, PREFILL_SKIP_MODE, SERVED, SkipMode, Variant
 
 # What an engine cannot serve, and why (docs/serving.md, "Variants").
@@ -28,11 +29,12 @@ NO_KV_REASON = ("variant pop_no_kv is not supported in vLLM: its skipped layers 
                 "per request (vLLM 0.32 has no per-layer sequence lengths), and zero or unused K/V "
                 "slots would change what x_N and decode attend to; use pop or pop_repair")
 STATIC_REASON = "variant static removes layers in decode too (it is not POP): vLLM serves it not"
-FIELDS = ("skip", "variant", "repair", "heal")  # the keys of `as_config`, in order
-
-
-class SettingError(InputError):
-    """A run setting that cannot run; the message is one line, the same from every way in."""
+HEAL_REASON = ("healing is not served by vLLM 0.32: its model runner places every scheduled token "
+               "after the computed ones, so no step can recompute earlier positions "
+               "(docs/serving.md, \"Self-healing POP in vLLM\")")
+INT8_REASON = ("int8 prompt layers are not served by vLLM 0.32's CPU build: it has no online int8 "
+               "for dense linears, only int8 checkpoints (docs/serving.md, \"An int8 prefill pool\")")
+FIELDS = ("skip", "variant", "repair", "heal", "precision")  # the keys of `as_config`, in order
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,21 @@ class RunSetting:
     variant: Variant = Variant.POP  # what the skipped layers do (variants.py); full: nothing
     repair: str | None = None  # pop_repair's fitted K/V maps file (absolute path); else None
     heal: Heal = NO_HEAL  # self-healing after the first token (healing.py); none: plain POP
+    precision: Precision = FP32  # layers whose prompt runs in int8 (precision.py); fp32: none
 
     def __post_init__(self):
         object.__setattr__(self, "skip", _layers(self.skip))
         object.__setattr__(self, "variant", _variant(self.variant))
         if not isinstance(self.heal, Heal):
             raise SettingError(f"heal must be a healing.Heal, got {type(self.heal).__name__}")
+        if not isinstance(self.precision, Precision):
+            raise SettingError(f"precision must be a precision.Precision, got "
+                               f"{type(self.precision).__name__}")
         healing.check_variant(self.heal, self.variant)
+        self._check_precision()
+        if self.heal.active and self.precision.active:
+            raise SettingError("healing re-runs the pruned layers in fp32 from the first skipped "
+                               "one up; it does not take int8 prompt layers: choose one of them")
         if self.repair is not None:
             if self.variant != Variant.POP_REPAIR:
                 raise SettingError(f"a repair maps file is used by variant pop_repair only, not "
@@ -75,18 +85,44 @@ class RunSetting:
         if self.skip and len(self.skip) == n_layers:
             raise SettingError(f"cannot skip all {n_layers} layers: at least one must run in "
                                "prefill")
+        bad = [i for i in self.precision.int8 if i >= n_layers]
+        if bad:
+            raise precision.PrecisionError(f"int8 {out_of_range(describe(bad), n_layers)}")
         if self.repair is not None and not os.path.isfile(self.repair):
             raise SettingError(f"repair maps file {self.repair:.200} does not exist")
         return self
+
+    def _check_precision(self) -> None:
+        """The rules int8 prompt layers keep with the variant and skip set (no model needed)."""
+        p = self.precision
+        if not p.active:
+            return
+        if self.variant not in precision.INT8_VARIANTS:
+            raise precision.PrecisionError(f"int8 layers combine with variants "
+                                           f"{' and '.join(precision.INT8_VARIANTS)}, not "
+                                           f"{self.variant}")
+        both = sorted(set(p.int8) & set(self.skip)) if self.variant == Variant.POP else []
+        if both:
+            raise precision.PrecisionError(f"layer(s) {describe(both)} both skipped and int8: a "
+                                           "layer's prompt runs in one precision (full, int8 or "
+                                           "skip)")
+        if p.decode_int8 and self.variant != Variant.FULL:
+            raise precision.PrecisionError("int8 decode (uniform int8) is a baseline of the full "
+                                           "model: use variant full, no skip set")
 
     def replace(self, **changes) -> "RunSetting":
         """A copy with some fields changed, normalised and checked like a new one."""
         return dataclasses.replace(self, **changes)
 
     @property
-    def active(self) -> bool:
-        """Whether any token takes a path other than the full model's."""
+    def pruned(self) -> bool:
+        """Whether the skip set takes effect (a non-empty set and a variant other than full)."""
         return bool(self.skip) and self.variant != Variant.FULL
+
+    @property
+    def active(self) -> bool:
+        """Whether any token takes a path other than the full model's (pruned or int8)."""
+        return self.pruned or self.precision.active
 
     @property
     def skip_mode(self) -> SkipMode | None:
@@ -104,14 +140,21 @@ class RunSetting:
         return self.skip if self.variant == Variant.STATIC else ()
 
     def first_skipped(self, n_layers: int) -> int:
-        """The lowest layer whose prompt path differs from the full model's (n_layers: none)."""
-        return min(self.skip) if self.active else n_layers
+        """The lowest pruned layer (n_layers: none)."""
+        return min(self.skip) if self.pruned else n_layers
+
+    def first_changed(self, n_layers: int) -> int:
+        """The lowest layer whose prompt path differs from the full model's, pruned or int8
+        (n_layers: none); below it every position computes what the full model does."""
+        return min((*(self.skip if self.pruned else ()), *self.precision.int8), default=n_layers)
 
     def as_config(self) -> dict:
         """Plain JSON fields: the `pop` entry of an engine's config, a request body, a cache key."""
         out = {"skip": list(self.skip), "variant": str(self.variant), "repair": self.repair}
         if self.heal.active:  # a setting without healing reads as before (stored keys keep)
             out["heal"] = self.heal.as_dict()
+        if self.precision.active:  # likewise without int8 layers
+            out["precision"] = self.precision.as_dict()
         return out
 
     @classmethod
@@ -127,11 +170,13 @@ class RunSetting:
         if unknown:
             raise SettingError(f"unknown pop setting(s) {', '.join(unknown)[:200]}; use "
                                f"{', '.join(FIELDS)}")
-        heal = raw.get("heal") or {}
-        if not isinstance(heal, dict):
-            raise SettingError(f"heal must be a dict of healing fields, got {type(heal).__name__}")
+        heal, prec = raw.get("heal") or {}, raw.get("precision") or {}
+        for name, value in (("heal", heal), ("precision", prec)):
+            if not isinstance(value, dict):
+                raise SettingError(f"{name} must be a dict of its fields, got "
+                                   f"{type(value).__name__}")
         return cls(raw.get("skip", ()), raw.get("variant", Variant.POP), raw.get("repair"),
-                   healing.from_dict(heal)).check(n_layers)
+                   healing.from_dict(heal), precision.from_dict(prec)).check(n_layers)
 
 
 def check_served(setting: RunSetting) -> RunSetting:
@@ -143,6 +188,10 @@ def check_served(setting: RunSetting) -> RunSetting:
     if setting.variant == Variant.POP_REPAIR and setting.repair is None:
         raise SettingError("variant pop_repair needs a repair maps file: pop settings "
                            "{'repair': '/abs/path/KEY.safetensors'}")
+    if setting.heal.active:
+        raise SettingError(HEAL_REASON)
+    if setting.precision.active:
+        raise SettingError(INT8_REASON)
     return setting
 
 

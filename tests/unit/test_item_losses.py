@@ -4,8 +4,9 @@ import pytest
 
 from pop_analysis.experiments.item_losses import (LossTableError, complete, compute_table,
     load_table)
-from pop_analysis.quality.evaluate import Variant, evaluate_variants
+from pop_analysis.quality.evaluate import Arm, evaluate_variants
 from pop_analysis.quality.items import EvalItem
+from pop_vllm.run_setting import RunSetting
 
 from tiny import tiny_model, tiny_prompt
 
@@ -33,7 +34,7 @@ def test_a_stopped_table_resumes_and_matches_one_evaluation(tmp_path):
     lines.clear()
     table = compute_table(lm, ITEMS, SETS, path, "tiny", 4, chunk=2, log=lines.append)
     assert complete(table) and len(lines) == 2, "the stored chunk is not recomputed"
-    ref = evaluate_variants(lm, ITEMS, [Variant("5", "pop", (5,))], 4, generate=False)
+    ref = evaluate_variants(lm, ITEMS, [Arm("5", RunSetting((5,)))], 4, generate=False)
     assert table.full == pytest.approx(ref["full"].continuation_nll, abs=1e-5)
     assert table.delta((5,)) == pytest.approx(
         [v - f for v, f in zip(ref["5"].continuation_nll, ref["full"].continuation_nll)], abs=1e-5)

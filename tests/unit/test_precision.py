@@ -54,13 +54,13 @@ def hf_two_stage(prompt_model, full_model, ids):
 def test_no_int8_layers_is_bit_identical_to_fp32(lm):
     ids = ids_of()
     a = run_prompt(lm.adapter, ids, RunSetting((4, 5))).logits
-    b = run_prompt(lm.adapter, ids, RunSetting((4, 5)), precision=Precision()).logits
+    b = run_prompt(lm.adapter, ids, RunSetting((4, 5), precision=Precision())).logits
     assert torch.equal(a, b)
 
 
 def test_prefill_int8_alone_matches_hf_two_stage_forward(lm):
     ids, layers = ids_of(), (1, 2, 3)
-    ours = run_prompt(lm.adapter, ids, RunSetting.full(), precision=Precision(layers)).logits
+    ours = run_prompt(lm.adapter, ids, RunSetting.full().replace(precision=Precision(layers))).logits
     ref, _ = hf_two_stage(swapped(lm, layers), lm.model, ids)
     full = run_prompt(lm.adapter, ids, RunSetting.full()).logits
     diff = (ours - ref).abs().max().item()
@@ -74,10 +74,10 @@ def test_uniform_int8_matches_hf_int8_model_in_prompt_and_decode(lm):
     model = swapped(lm, every)
     with torch.inference_mode():
         ref = model(input_ids=ids).logits[:, -1].float()
-    ours = run_prompt(lm.adapter, ids, RunSetting.full(), precision=prec).logits
+    ours = run_prompt(lm.adapter, ids, RunSetting.full().replace(precision=prec)).logits
     assert (ours - ref).abs().max().item() < ATOL
     cfg = SamplingConfig(max_new_tokens=8, stop_at_eos=False)
-    toks = run(lm, ids[0].tolist(), RunSetting.full(), cfg, precision=prec).token_ids
+    toks = run(lm, ids[0].tolist(), RunSetting.full().replace(precision=prec), cfg).token_ids
     hf = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
                         do_sample=False, eos_token_id=None, pad_token_id=0)[0, 9:].tolist()
     assert toks == hf
@@ -87,7 +87,7 @@ def test_uniform_int8_matches_hf_int8_model_in_prompt_and_decode(lm):
 def test_pop_with_int8_matches_an_explicit_layer_loop(lm):
     a, ids = lm.adapter, ids_of()
     skip, int8 = (4, 5), (1, 2)
-    first = run_prompt(a, ids, RunSetting(skip), precision=Precision(int8))
+    first = run_prompt(a, ids, RunSetting(skip, precision=Precision(int8)))
     twins = int8_layers(a, int8)
     cache = a.new_cache()
     n = ids.shape[1]
@@ -112,7 +112,7 @@ def test_pop_with_int8_matches_an_explicit_layer_loop(lm):
 def test_decode_is_the_full_models_bit_for_bit_given_the_same_cache(lm):
     a, ids = lm.adapter, ids_of()
     prec = Precision((0, 1, 2))
-    first = run_prompt(a, ids, RunSetting((5,)), precision=prec)
+    first = run_prompt(a, ids, RunSetting((5,), precision=prec))
     ours, full, hf = (copy.deepcopy(first.cache) for _ in range(3))
     nxt, pos = first.logits.argmax(-1, keepdim=True), first.position  # (1, 1)
     for _ in range(6):
@@ -134,7 +134,7 @@ def test_no_int8_module_runs_after_the_prompt(lm):
         cfg = SamplingConfig(max_new_tokens=6, stop_at_eos=False)
         ran = []
         for tok in __import__("pop_analysis.engine.generate", fromlist=["generate"]).generate(
-                lm, tiny_prompt(10), RunSetting((5,)), cfg, precision=prec):
+                lm, tiny_prompt(10), RunSetting((5,), precision=prec), cfg):
             ran.append(len(calls))
     finally:
         for h in handles:
@@ -148,9 +148,9 @@ def test_generation_decodes_with_the_original_weights(lm):
     a, prompt = lm.adapter, tiny_prompt(10)
     prec = Precision((1, 3))
     cfg = SamplingConfig(max_new_tokens=8, stop_at_eos=False)
-    toks = run(lm, prompt, RunSetting((5,)), cfg, precision=prec).token_ids
+    toks = run(lm, prompt, RunSetting((5,), precision=prec), cfg).token_ids
     with torch.inference_mode():
-        first = run_prompt(a, torch.tensor([prompt]), RunSetting((5,)), precision=prec)
+        first = run_prompt(a, torch.tensor([prompt]), RunSetting((5,), precision=prec))
         nxt, pos, cache, ref = first.logits.argmax(-1, keepdim=True), first.position, first.cache, []
         for _ in range(8):
             ref.append(int(nxt))
@@ -163,7 +163,7 @@ def test_int8_copies_leave_the_fp32_model_untouched(lm):
     a, ids = lm.adapter, ids_of()
     before = {k: v.clone() for k, v in lm.model.state_dict().items()}
     ref = run_prompt(a, ids, RunSetting.full()).logits
-    run_prompt(a, ids, RunSetting.full(), precision=Precision(tuple(range(a.n_layers))))
+    run_prompt(a, ids, RunSetting.full().replace(precision=Precision(tuple(range(a.n_layers)))))
     after = lm.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert torch.equal(run_prompt(a, ids, RunSetting.full()).logits, ref)
@@ -181,7 +181,7 @@ def test_int8_copies_leave_the_fp32_model_untouched(lm):
 ])
 def test_bad_combinations_are_refused_in_one_line(lm, variant, skip, prec, says):
     with pytest.raises(PrecisionError) as e:
-        run_prompt(lm.adapter, ids_of(), RunSetting(skip, variant), precision=prec)
+        run_prompt(lm.adapter, ids_of(), RunSetting(skip, variant, precision=prec))
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
@@ -196,14 +196,14 @@ def test_a_bfloat16_model_has_no_int8_path():
     lm = tiny_model("llama")
     lm.model.to(torch.bfloat16)
     with pytest.raises(PrecisionError, match="quantises float32 weights; this model is bfloat16"):
-        run_prompt(lm.adapter, ids_of(), RunSetting.full(), precision=Precision((1,)))
+        run_prompt(lm.adapter, ids_of(), RunSetting.full().replace(precision=Precision((1,))))
 
 
 def test_layer_plan_codes():
-    plan = layer_plan(6, "pop", (4, 5), Precision((0, 1)))
+    plan = layer_plan(6, RunSetting((4, 5), precision=Precision((0, 1))))
     assert plan == ["int8", "int8", "full", "full", "skip", "skip"]
     assert plan_code(plan) == "IIFFSS"
-    assert layer_plan(3, "full", (2,), None) == ["full"] * 3
+    assert layer_plan(3, RunSetting((2,), "full")) == ["full"] * 3
 
 
 def test_copies_built_under_hooks_inherit_none():
@@ -211,8 +211,8 @@ def test_copies_built_under_hooks_inherit_none():
     calls = []
     handle = lm.adapter.attention(2).register_forward_hook(lambda *_: calls.append(1))
     try:
-        run_prompt(lm.adapter, ids_of(), RunSetting.full(),
-                   precision=Precision((2,)))  # builds the copy
+        run_prompt(lm.adapter, ids_of(),
+                   RunSetting.full().replace(precision=Precision((2,))))  # builds the copy
     finally:
         handle.remove()
     assert calls == [1], f"the fp32 layer runs x_N once; its int8 copy carries no hook: {calls}"

@@ -11,7 +11,7 @@ from pop_analysis.experiments.precision_frontier import (Point, best_at, check_p
 from pop_analysis.importance.precision_plan import (PlanError, int8_errors, layer_losses, plan,
                                                     predicted_loss, predicted_ms)
 from pop_analysis.inspection.cache_drift import cache_cosine
-from pop_analysis.quality.evaluate import Variant, evaluate_variants
+from pop_analysis.quality.evaluate import Arm, evaluate_variants
 from pop_analysis.quality.items import EvalItem
 from pop_analysis.speed.precision_speed import FULL, ideal
 
@@ -81,13 +81,13 @@ def test_batched_evaluation_with_int8_layers_equals_a_direct_computation(lm):
     items = [EvalItem(tuple(tiny_prompt(n, seed=n)), tuple(tiny_prompt(5, seed=50 + n)), None,
                       str(n)) for n in (7, 9, 12)]
     prec = Precision((2, 3))
-    out = evaluate_variants(lm, items, [Variant("p8", "pop", (5,), prec),
-                                        Variant("u8", "full", (), Precision((0, 1, 2, 3, 4, 5),
-                                                                            decode_int8=True))],
+    uniform = Precision((0, 1, 2, 3, 4, 5), decode_int8=True)
+    out = evaluate_variants(lm, items, [Arm("p8", RunSetting((5,), precision=prec)),
+                                        Arm("u8", RunSetting.full().replace(precision=uniform))],
                             max_new_tokens=4, generate=True)
     for k, it in enumerate(items):
         ids = torch.tensor([list(it.prompt_ids)])
-        first = run_prompt(a, ids, RunSetting((5,)), precision=prec)
+        first = run_prompt(a, ids, RunSetting((5,), precision=prec))
         cont = torch.tensor([list(it.reference_ids)])
         lp = torch.cat([torch.log_softmax(first.logits, -1)[:, None],
                         torch.log_softmax(teacher_force(a, cont[:, :-1], first.cache,
@@ -103,13 +103,14 @@ def test_cache_cosine_is_one_against_itself_and_below_one_for_int8(lm):
     full = run_prompt(a, ids, RunSetting.full()).cache
     same = cache_cosine(a, run_prompt(a, ids, RunSetting.full()).cache, full)
     assert all(abs(x - 1) < 1e-9 for x in same["k"] + same["v"])
-    low = cache_cosine(a, run_prompt(a, ids, RunSetting.full(), precision=Precision((0,))).cache, full)
+    low = cache_cosine(a, run_prompt(a, ids, RunSetting.full().replace(precision=Precision((0,)))).cache, full)
     assert low["v"][0] < 1 - 1e-6 and min(low["k"]) < 1
 
 
 def test_int8_errors_are_small_and_positive_and_the_ideal_counts_int8(lm):
     err = int8_errors(lm, [tiny_prompt(10)])
     assert len(err) == lm.adapter.n_layers and all(0 < e < 0.2 for e in err), err
-    every = Configuration("i", "full", (), Precision(tuple(range(lm.adapter.n_layers))))
+    every = Configuration("i", RunSetting.full().replace(
+        precision=Precision(tuple(range(lm.adapter.n_layers)))))
     assert 1 < ideal(lm, 64, every) <= 4.0 + 1e-9
     assert ideal(lm, 64, FULL) == pytest.approx(1.0)
