@@ -7,7 +7,7 @@ import streamlit as st
 
 from dashboard.charts import layers as layer_charts
 from dashboard.panels import (exports, kv_repair, precision_controls, presenter, skip_set_budget,
-                              widgets)
+                              skip_set_certify, widgets)
 from dashboard.session import state
 from pop_analysis.engine.skipset import describe, last_block, preset
 from pop_analysis.importance.calibrate import suggest_skip
@@ -126,4 +126,5 @@ exports.offer("skip_set", data={"model": lm.name, "n_layers": n, "skip": list(sk
 
 precision_controls.section(lm, skip)  # int8 prompt layers beside the skip set, the frontier
 skip_set_budget.section(lm)  # the largest set within a quality budget
+skip_set_certify.section(lm)  # a set certified on items the search never saw
 kv_repair.skip_set_panel(lm, skip)  # beyond the paper: fit and list K/V repairs

@@ -11,6 +11,7 @@ from dashboard.session import jobs, state
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.errors import first_line
 from pop_analysis.experiments import methods_compare as mc
+from pop_analysis.experiments import methods_verdicts as mv
 from pop_analysis.importance.picks import BUDGETS, SHAPES
 from pop_analysis.progress import duration
 
@@ -50,6 +51,21 @@ def form(lm: LoadedModel, res) -> None:
         jobs.panel(JOB)
 
 
+@st.cache_data(show_spinner=False, max_entries=4)
+def _verdicts(rows: list[dict], item_nll: dict) -> list[dict]:
+    return mv.verdicts(rows, mc.paired_from(item_nll))
+
+
+def _ties(verdicts: list[dict]) -> str:
+    """One line: where the tail's set wins alone, where methods tie on the identical set."""
+    c = mv.counts(verdicts)
+    merged = mv.merged_budgets(verdicts)
+    return (f"Ties are ties: of {c['cells']} cells the tail's set is best alone in "
+            f"{len(c['tail_alone'])}, shares the best set with other methods in "
+            f"{len(c['tail_tied'])}, and another method's set is best in {len(c['other'])}."
+            + (f" One cell per k: {'; '.join(merged)}." if merged else ""))
+
+
 def show(lm: LoadedModel, res) -> dict:
     """Verdicts, frontiers and the "use this set" picker of the last comparison; its figures."""
     cmp = st.session_state.get(state.METHOD_COMPARE)
@@ -58,8 +74,11 @@ def show(lm: LoadedModel, res) -> dict:
     n = lm.adapter.n_layers
     names = titles(res)
     st.subheader(f"Which method picks the best prefill skip set ({cmp.n} held-out items)")
-    for v in cmp.verdicts:
+    verdicts = cmp.verdicts if all("best_methods" in v for v in cmp.verdicts) \
+        else _verdicts(cmp.rows, cmp.item_nll)  # a comparison stored before ties were named
+    for v in verdicts:
         st.markdown(f"- {v['line']}")
+    st.caption(_ties(verdicts))
     figs = {}
     for col, shape in zip(st.columns(len(cmp.config["shapes"])), cmp.config["shapes"]):
         figs[f"frontier_{shape}"] = charts.frontier_chart(cmp.rows, shape, names)

@@ -194,6 +194,13 @@ def _choice(r, fig) -> str:
                                     "meets"]))
 
 
+def _certificate(r, fig) -> str:
+    return (f"<h2>Certified choice ({_e(METHODS[r.method].title)}, {_e(r.shape)} sets)</h2>"
+            f"<p>{_e(r.statement)}</p><p>{_e(r.note)}</p><p>Not covered: {_e(r.not_covered)}</p>"
+            + _table(r.splits, ["role", "source", "offset", "n", "fingerprint"])
+            + _table(r.sequence, ["set", "selection_rate", "tested", "bad", "n", "upper", "passed"]))
+
+
 def _stepthrough(r, fig) -> str:
     rows = [{"run": s["run"], "step": s["stage"], "ms": s["time_ms"],
              "FLOPs vs full prefill": s["flops"] / r.full_prefill_flops,
@@ -214,7 +221,8 @@ SECTIONS = ((state.STEPTHROUGH, _stepthrough), (state.CALIBRATION, _calibration)
             (state.GENERATION, _generation),
             (state.DRIFT, _drift), (state.DRIFT_B, _drift_b), (state.DRIFT_LENGTH, _drift_length),
             (state.SWEEP, _sweep), (state.IMPORTANCE, _importance),
-            (state.METHOD_COMPARE, _method_compare), (state.CHOICE, _choice))
+            (state.METHOD_COMPARE, _method_compare), (state.CHOICE, _choice),
+            (state.CERTIFICATE, _certificate))
 
 
 def button(where=None) -> None:

@@ -34,9 +34,10 @@ SWEEP = "lab.sweep"  # the last SweepResult shown
 IMPORTANCE = "lab.importance"  # the last ImportanceResult shown (Methods page)
 METHOD_COMPARE = "lab.method_compare"  # the last ComparisonResult of the methods' skip sets
 CHOICE = "lab.choice"  # the last ChoiceResult (Skip set page: the budgeted choice)
+CERTIFICATE = "lab.certificate"  # the last CertifyResult (Skip set page: the certified choice)
 STEPTHROUGH = "lab.stepthrough"  # the last StepThrough shown
 RESULTS = (CALIBRATION, GENERATION, DRIFT, DRIFT_B, DRIFT_LENGTH, SWEEP, STEPTHROUGH, IMPORTANCE,
-           METHOD_COMPARE, CHOICE)
+           METHOD_COMPARE, CHOICE, CERTIFICATE)
 SHOWN_FOR = "lab.results_model"  # the model whose results RESULTS hold now
 ARCHIVE = "lab.results_by_model"  # model -> {key: (result, context)} of the other models
 PRESENT = "lab.present"  # True in the presenter's view (large type, fewer controls)

@@ -90,3 +90,34 @@ def test_budgeted_choice_on_the_skip_set_page():
     page = report.build({"model": "smollm2-135m", "skip": (),
                          "models": {"smollm2-135m": {"lab.choice": (res, {})}}})
     assert "Budgeted choice (Block Influence, free sets)" in page and "no skip set meets" in page
+
+
+def test_certified_choice_on_the_skip_set_page():
+    at = goto(app(), "skip_set")
+    splits = next(d.value for d in at.dataframe if "fingerprint" in d.value)  # before any run
+    assert list(splits["split"]) == ["ranking", "selection", "certification"]
+    assert list(splits["n"]) == [8, 100, 300] and list(splits["items"])[1:] == ["0-99", "100-399"]
+    at.number_input(key="cert.cer_off").set_value(50).run()  # overlaps the selection items
+    assert not at.exception and "Cannot certify: the selection split (gsm8k items 0-99) overlaps " \
+        "the certification split (gsm8k items 50-349)" in texts(at.error)
+    assert at.button(key="cert.go").disabled, "no run on overlapping splits"
+    at.number_input(key="cert.sel_n").set_value(4)
+    at.number_input(key="cert.cer_off").set_value(4)
+    at.number_input(key="cert.cer_n").set_value(12)
+    at.number_input(key="cert.alpha").set_value(0.3)
+    at.number_input(key="cert.most").set_value(3)
+    at.number_input(key="cert.rank_n").set_value(2).run()
+    assert not at.error, texts(at.error)
+    wait_jobs(at.button(key="cert.go").click().run())
+    assert not at.exception and not at.error, texts(at.error)
+    res = at.session_state["lab.certificate"]
+    assert res.met and res.certified and [s["n"] for s in res.splits] == [2, 4, 12]
+    assert ("Certified: at most 30% of items lose more than 0.1 nats per token, with 95% "
+            "confidence, on 12 items it never chose on.") in texts(at.success)
+    assert "Not covered: The guarantee covers items drawn like the certification items" in \
+        texts(at.caption)
+    at.button(key="cert.use").click().run()
+    assert at.session_state["lab.skip"] == tuple(res.certified)
+    page = report.build({"model": "smollm2-135m", "skip": (),
+                         "models": {"smollm2-135m": {"lab.certificate": (res, {})}}})
+    assert "Certified choice (Tail, free sets)" in page and "it never chose on" in page
