@@ -83,7 +83,7 @@ def _start(lm: LoadedModel, splits, cfg, rcfg) -> None:
     jobs.start(JOB, f"Certifying a set (α = {cfg.alpha:g}, ε = {cfg.epsilon:g}, δ = {cfg.delta:g})",
                run, lambda job: jobs.outcome(job, state.CERTIFICATE, "Certified choice",
                                              "use fewer items.", lambda p: "the sets tested",
-                                             lambda r: f"{len(r.sequence)} sets in "
+                                             lambda r: f"{len(r.sequence)} set(s) in "
                                                        f"{duration(sum(r.seconds.values()))}"),
                context=now)
 

@@ -59,3 +59,22 @@ def test_the_sets_recomputed_per_item_reproduce_the_published_rows():
             assert round(d.value, 3) == pytest.approx(row["continuation_nll_delta"], abs=1.1e-3)
             assert [round(x, 3) for x in d.ci] == pytest.approx(row["continuation_nll_delta_ci"],
                                                                  abs=1.1e-3)
+
+
+@pytest.mark.parametrize("name", ["certify_simulation", "certify_simulation_eps02"])
+def test_the_certification_simulation_in_the_docs_is_regenerated_from_the_pools(name):
+    """The simulation's table and certificates in docs/importance.md come out again, digit for
+    digit, from the stored per-item pools (the same splits: seeded) and the stored settings."""
+    import json
+
+    from pop_analysis.experiments.certify_report import markdown, run
+
+    stored = json.loads((ROOT / "docs" / "reproduction" / "raw" / f"{name}.json").read_text())
+    sizes = {m: (r["n_sel"], r["n_cert"]) for m, r in stored["models"].items()}
+    out = run(stored["alpha"], stored["epsilon"], stored["delta"], stored["splits"],
+              ROOT / "docs" / "reproduction" / "raw")
+    assert {m: (r["n_sel"], r["n_cert"]) for m, r in out["models"].items()} == sizes, \
+        "the pools grew since the docs were written: rerun scripts/certify_sim.py"
+    doc = (ROOT / "docs" / "importance.md").read_text(encoding="utf-8")
+    missing = [line for line in markdown(out, "") if line.startswith(("|", "-")) and line not in doc]
+    assert not missing, f"not in docs/importance.md: {missing[0]!r}"
