@@ -82,11 +82,13 @@ def plan(base: EngineSpec, decode: str = "pop", prefill_cpus=None, decode_cpus=N
     if set(prefill_cpus) & set(decode_cpus):
         raise ServingError(f"prefill cores {list(prefill_cpus)} and decode cores "
                            f"{list(decode_cpus)} overlap: give each instance its own")
+    prefill = base.setting
     folder = kv_keys.storage_dir(Path(kv_root or cache_dir() / "kv_transfer").resolve(), base.name,
-                                 base.setting)
+                                 prefill)
 
     def instance(spec: EngineSpec, role: str, engine_id: str, cpus) -> EngineSpec:
-        cfg = json.dumps(kv_keys.transfer_config(role, folder, engine_id), separators=(",", ":"))
+        cfg = json.dumps(kv_keys.transfer_config(role, folder, engine_id, prefill),
+                         separators=(",", ":"))
         return replace(spec, cpus=tuple(cpus), switchable=False, threads=len(cpus),
                        extra_args=("--block-size", str(block_size), "--kv-transfer-config", cfg))
 

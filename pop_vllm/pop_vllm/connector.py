@@ -20,7 +20,12 @@ tokens itself, which POP runs in full anyway: a stock decode instance gives POP'
 The protocol is NIXL's, so vLLM's P/D routers drive it unchanged: the prefill request carries
 kv_transfer_params {"do_remote_decode": true}; its response returns {"do_remote_prefill": true,
 "pop_kv_file": ..., "pop_kv_tokens": N-1, "pop_kv_settings": ..., "pop_kv_variant": ...}, which
-the router passes to the decode request. Blocks move whole (the backend's own layout, which on
+the router passes to the decode request. What the file's K/V were computed under is the decode
+instance's own configuration (kv_connector_extra_config "pop_kv_settings" / "pop_kv_variant", the
+producer's settings, written by kv_keys.transfer_config), checked against the settings the
+producer recorded in the file: a client's kv_transfer_params never decide how the K/V are hashed
+in the prefix cache. A request that asks for prompt log-probs, or sets
+skip_reading_prefix_cache, loads nothing (its prompt is computed where it runs). Blocks move whole (the backend's own layout, which on
 CPU packs keys per block): both instances need the same block size, dtype and tensor-parallel
 size, checked at load. A missing, foreign or damaged file fails that request with one line
 (vLLM's kv_load_failure_policy "fail"), never silently recomputes it.
@@ -48,7 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from . import prefix
-from .kv_keys import ENGINE_ID
+from .kv_keys import ENGINE_ID, STOCK_KEY, producer_key
 
 logger = init_logger("vllm.pop.connector")
 TTL_S = 600.0  # a file no decode instance took within this long is removed by its producer
@@ -68,6 +73,7 @@ class Job:
     tokens: list[int]  # the prompt positions moved, 0..n-1 (n = N-1)
     block_ids: list[int]  # the request's blocks, in position order
     start: int = 0  # consumer: positions already computed here (a block-aligned local hit)
+    settings: str = STOCK_KEY  # the settings key the K/V are computed under (producer's)
 
 
 @dataclass
@@ -92,8 +98,13 @@ class PopKVConnector(KVConnectorBase_V1):
         self._block_size = vllm_config.cache_config.block_size
         self._ttl_s = float(cfg.get_from_extra_config("pop_kv_ttl_s", TTL_S))
         self._producer, self._consumer = cfg.is_kv_producer, cfg.is_kv_consumer
+        if self._consumer:
+            try:
+                producer_key(cfg.kv_connector_extra_config)
+            except ValueError as e:
+                raise TransferError(str(e)) from None
         # scheduler side
-        self._to_save: dict[str, list[int]] = {}  # req id -> the prompt's first N-1 tokens
+        self._to_save: dict[str, tuple] = {}  # req id -> (the first N-1 tokens, settings key)
         self._blocks: dict[str, list[int]] = {}  # req id -> block ids so far
         self._saved: dict[str, str] = {}  # req id -> file name, once its save is scheduled
         self._to_load: dict[str, tuple] = {}  # req id -> (request, tokens loaded from outside)
@@ -122,14 +133,13 @@ class PopKVConnector(KVConnectorBase_V1):
         params = request.kv_transfer_params or {}
         n = request.num_prompt_tokens - 1  # x_1..x_{N-1}; x_N runs on the decode side
         if self._producer and params.get("do_remote_decode") and n > 0:
-            self._to_save[request.request_id] = list(request.prompt_token_ids[:n])
+            self._to_save[request.request_id] = (list(request.prompt_token_ids[:n]),
+                                                 _settings(request))
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
-        params = _loadable(request.kv_transfer_params) if self._consumer else None
-        if params is None:
-            return 0, False
-        n = min(int(params["pop_kv_tokens"]), request.num_prompt_tokens - 1)
-        return max(n - num_computed_tokens, 0), False
+        if not self._consumer or not prefix.loads_transfer(request):
+            return 0, False  # the flag and prompt log-probs are honoured here, not only by vLLM
+        return max(request.num_prompt_tokens - 1 - num_computed_tokens, 0), False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
@@ -155,16 +165,17 @@ class PopKVConnector(KVConnectorBase_V1):
     def _jobs(self, meta: PopKVMetadata, rid: str, computed: int, scheduled: int) -> None:
         if rid in self._to_load:
             request, external = self._to_load[rid]
-            params = request.kv_transfer_params
-            n = min(int(params["pop_kv_tokens"]), request.num_prompt_tokens - 1)
+            n = request.num_prompt_tokens - 1
             # positions n - external.. come from the file; those before were a local cache hit
-            meta.loads.append(Job(rid, str(params["pop_kv_file"]),
+            meta.loads.append(Job(rid, str(request.kv_transfer_params["pop_kv_file"]),
                                   list(request.prompt_token_ids[:n]),
-                                  list(self._blocks.get(rid, [])), start=n - external))
-        tokens = self._to_save.get(rid)
+                                  list(self._blocks.get(rid, [])), start=n - external,
+                                  settings=_settings(request)))
+        tokens, settings = self._to_save.get(rid, (None, None))
         if tokens is not None and rid not in self._saved and computed + scheduled >= len(tokens):
             name = f"{self._engine_id}/{_digest(rid, tokens)}"
-            meta.saves.append(Job(rid, name, tokens, list(self._blocks.get(rid, []))))
+            meta.saves.append(Job(rid, name, tokens, list(self._blocks.get(rid, [])),
+                                  settings=settings))
             self._saved[rid] = name
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
@@ -172,8 +183,8 @@ class PopKVConnector(KVConnectorBase_V1):
         self._blocks.pop(rid, None)
         self._to_save.pop(rid, None)
         name = self._saved.pop(rid, None)
-        params = _loadable(request.kv_transfer_params) if self._consumer else None
-        if params is not None and _valid_name(params["pop_kv_file"]):
+        params = request.kv_transfer_params if self._consumer else None
+        if params and params.get("do_remote_prefill") and _valid_name(params.get("pop_kv_file")):
             # this decode request is done with its file (every rank's)
             stem = self._dir / params["pop_kv_file"]
             for f in stem.parent.glob(stem.name + ".rank*.safetensors"):
@@ -263,7 +274,8 @@ class PopKVConnector(KVConnectorBase_V1):
         path = self._path(job.name)
         tmp = path.with_suffix(".tmp")
         save_file(tensors, str(tmp), metadata={"tokens": json.dumps(job.tokens),
-                                               "block_size": str(self._block_size)})
+                                               "block_size": str(self._block_size),
+                                               "settings": job.settings})
         os.replace(tmp, path)
         self.stats["saved_requests"] += 1
         self.stats["saved_tokens"] += len(job.tokens)
@@ -280,6 +292,10 @@ class PopKVConnector(KVConnectorBase_V1):
                                     f"engine has {self._block_size}")
             if json.loads(meta.get("tokens", "null")) != job.tokens:
                 raise TransferError("its prompt tokens are not this request's")
+            if meta.get("settings") != job.settings:
+                raise TransferError(f"its K/V were computed under settings "
+                                    f"{meta.get('settings')!r:.40}, this engine loads "
+                                    f"{job.settings!r} (its kv_connector_extra_config)")
             missing = sorted(set(self._caches) - set(f.keys()))
             if missing:
                 raise TransferError(f"no K/V for {len(missing)} layer(s), e.g. {missing[0]}")
@@ -294,16 +310,11 @@ class PopKVConnector(KVConnectorBase_V1):
         self.stats["loaded_tokens"] += len(job.tokens) - job.start
 
 
-def _loadable(params) -> dict | None:
-    """A decode request's kv_transfer_params that name a prefill instance's file (the scheduler
-    never raises on them: a bad name fails that request's load, with one line)."""
-    if not params or not params.get("do_remote_prefill") or "pop_kv_file" not in params:
-        return None
-    try:
-        int(params.get("pop_kv_tokens"))
-    except (TypeError, ValueError):
-        return None
-    return params
+def _settings(request) -> str:
+    """The settings key a request's prompt K/V are computed under (prefix.request_key: the
+    engine's own settings at its arrival; a consumer's loads: its configured producer's)."""
+    key = prefix.request_key(request)
+    return STOCK_KEY if key is None else key[0]
 
 
 def _valid_name(name) -> bool:

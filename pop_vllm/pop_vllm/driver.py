@@ -15,8 +15,14 @@ JOB:  {"model": DIR, "engine": {LLM keyword arguments},
                  "logprobs": K, "prompt_logprobs": K or [K | null per prompt] (optional),
                  "kv": "produce" | [params per prompt] | [job, run] (optional, KV connector
                  engines: ask for a hand-off, or pass a producer run's kv_transfer_params),
+                 "skip_reading": true | false (SamplingParams.skip_reading_prefix_cache),
                  "chat": [[ids], ...] (instead of prompts: turn k's prompt is turn k-1's prompt,
-                 its answer and these ids)}]}
+                 its answer and these ids),
+                 "switch_in_flight": {"set": {...}} (instead of prompts: the prompts are added,
+                 the switch is sent once the engine has pruned some of their tokens, then the
+                 "after" prompts are added; every request runs to its end)}]}
+       "multiprocess": true runs a one-rank engine's core in its own process (vLLM's default:
+       a run-time switch can then wait for the requests in flight).
        "engine" may hold "kv_transfer_config": {...} (vLLM's KVTransferConfig fields).
 Prints one line "POP_DRIVER_RESULT " + JSON: {"jobs": [{"ok": true, "start_s": ..., "runs":
 [{"tokens": [[...]], "stats": {...} | null, "preemptions": N | null, "cached": [...],
@@ -64,7 +70,7 @@ def run_job(job: dict, done: list | None = None) -> dict:
     engine = dict(job.get("engine", {}))
     world = engine.get("tensor_parallel_size", 1) * engine.get("pipeline_parallel_size", 1)
     _bind_ranks(world)
-    _in_process(engine, world)
+    _in_process(engine, world, job.get("multiprocess", False))
     if "kv_transfer_config" in engine:
         from vllm.config import KVTransferConfig
 
@@ -101,9 +107,9 @@ def _bind_ranks(world: int, _auto=os.environ.get("VLLM_CPU_OMP_THREADS_BIND")) -
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _auto
 
 
-def _in_process(engine: dict, world: int) -> None:
+def _in_process(engine: dict, world: int, multiprocess: bool = False) -> None:
     """One rank: engine core and worker in this process (read by vLLM when the engine starts)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if world == 1 else "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if world == 1 and not multiprocess else "1"
     if world == 1:
         engine.setdefault("distributed_executor_backend", "uni")
 
@@ -115,12 +121,15 @@ def _run(llm, run: dict, is_pop: bool, SamplingParams, done: list) -> dict:
         llm.collective_rpc("pop_reset_stats")
     if "chat" in run:
         return _chat(llm, run, is_pop, SamplingParams)
+    if "switch_in_flight" in run:
+        return _switch_in_flight(llm, run, SamplingParams)
     prompts = [{"prompt_token_ids": p} for p in run["prompts"]]
     asked = run.get("prompt_logprobs")
     per_prompt = asked if isinstance(asked, list) else [asked] * len(prompts)
     kv = _kv_params(run.get("kv"), len(prompts), done)
     params = [SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True,
                              logprobs=run.get("logprobs"), prompt_logprobs=k,
+                             skip_reading_prefix_cache=run.get("skip_reading"),
                              extra_args=None if p is None else {"kv_transfer_params": p})
               for k, p in zip(per_prompt, kv)]
     if run.get("batched", True):
@@ -172,6 +181,47 @@ def _chat(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
     return {"tokens": tokens, "prompts": prompts, "cached": cached,
             "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
             "preemptions": _preemptions(llm)}
+
+
+def _switch_in_flight(llm, run: dict, SamplingParams) -> dict:
+    """Requests in flight when a run-time switch arrives, and requests after it (one engine,
+    added in this order: the first prompts, the switch, the "after" prompts)."""
+    engine, spec = llm.llm_engine, run["switch_in_flight"]
+    params = SamplingParams(max_tokens=run.get("max_tokens", 8), temperature=0.0, ignore_eos=True,
+                            logprobs=run.get("logprobs"))
+    first, after = run["prompts"], spec.get("after", [])
+    for i, p in enumerate(first):
+        engine.add_request(f"first-{i}", {"prompt_token_ids": p}, params)
+    stepped = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # by this caller
+    end, seen = time.monotonic() + 300, None
+    while seen is None or seen["pruned_tokens"] == 0:  # their prefill has begun
+        if time.monotonic() > end:
+            raise TimeoutError("the first requests' prefill did not begin within 300 s")
+        if stepped and seen is not None:
+            engine.step()
+        seen = llm.collective_rpc("pop_stats")[0]
+    out = {"at_switch": seen}
+    try:
+        out["switched"] = llm.collective_rpc("pop_set", args=(spec["set"],))
+    except Exception as exc:  # refused: the requests in flight are aborted, the job goes on
+        out["error"] = one_line(exc)
+        engine.abort_request([f"first-{i}" for i in range(len(first))])
+        while engine.has_unfinished_requests():
+            engine.step()
+        return out
+    for i, p in enumerate(after):
+        engine.add_request(f"after-{i}", {"prompt_token_ids": p}, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    order = [f"first-{i}" for i in range(len(first))] + [f"after-{i}" for i in range(len(after))]
+    res = [done[r] for r in order]
+    out.update(tokens=[list(r.outputs[0].token_ids) for r in res],
+               cached=[r.num_cached_tokens for r in res],
+               stats=llm.collective_rpc("pop_stats")[0])
+    if run.get("logprobs") is not None:
+        out["logprobs"] = [_own(r.outputs[0].logprobs, r.outputs[0].token_ids) for r in res]
+    return out
 
 
 def _preemptions(llm) -> int | None:

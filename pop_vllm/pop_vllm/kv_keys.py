@@ -15,12 +15,14 @@ from pathlib import Path
 
 from .plan import first_full_position
 from .run_setting import RunSetting
+from .variants import SERVED
 
 CONNECTOR = "PopKVConnector"  # the class in pop_vllm.connector (loaded by module path)
 CONNECTOR_MODULE = "pop_vllm.connector"
 STOCK_KEY = "full"  # the storage folder's suffix for a stock (or full-variant) prefill engine
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")  # what a folder name may not hold
 ENGINE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_KEY = re.compile(r"[0-9a-f]{16}")  # settings_key's digest
 
 
 def settings_key(pop: RunSetting) -> str | None:
@@ -61,13 +63,47 @@ def storage_dir(root: str | Path, model_name: str, pop: RunSetting) -> Path:
     return Path(root) / f"{name}-{settings_key(pop) or STOCK_KEY}"
 
 
-def transfer_config(role: str, folder: str | Path, engine_id: str) -> dict:
+def transfer_config(role: str, folder: str | Path, engine_id: str,
+                    producer: RunSetting = RunSetting.full()) -> dict:
     """vLLM's --kv-transfer-config for the POP connector; role: kv_producer (the prefill
-    instance), kv_consumer (the decode instance) or kv_both."""
+    instance), kv_consumer (the decode instance) or kv_both; producer: the settings the prefill
+    instance computes prompt K/V under (a consumer hashes and checks the K/V it loads with
+    them: they are part of the engine's own configuration, never taken from a request)."""
     if role not in ("kv_producer", "kv_consumer", "kv_both"):
         raise ValueError(f"unknown KV role {role!r}: kv_producer, kv_consumer or kv_both")
     if not ENGINE_ID.fullmatch(engine_id):
         raise ValueError(f"engine id {engine_id!r} must be letters, digits, '.', '_' or '-'")
     return {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
             "kv_role": role, "engine_id": engine_id,
-            "kv_connector_extra_config": {"pop_kv_dir": str(folder)}}
+            "kv_connector_extra_config": {"pop_kv_dir": str(folder), **producer_config(producer)}}
+
+
+def producer_config(pop: RunSetting) -> dict:
+    """The extra-config entries naming what a producer's K/V were computed under."""
+    key = settings_key(pop)
+    return {"pop_kv_settings": key or STOCK_KEY, "pop_kv_variant": str(pop.variant) if key else
+            "full"}
+
+
+def producer_key(extra) -> tuple[str, str] | None:
+    """(settings key, variant) of the K/V a consumer loads, from its connector's extra config
+    (None: the stock model's). ValueError, one line, when they are missing or malformed."""
+    extra = extra if isinstance(extra, dict) else {}
+    key, variant = extra.get("pop_kv_settings"), extra.get("pop_kv_variant", "full")
+    if key == STOCK_KEY:
+        return None
+    if not (isinstance(key, str) and _KEY.fullmatch(key)) or variant not in SERVED:
+        raise ValueError("a POP KV consumer needs kv_connector_extra_config {'pop_kv_settings': "
+                         "the producer's settings key or 'full', 'pop_kv_variant': its variant} "
+                         f"(kv_keys.transfer_config writes them), got {key!r:.40}, {variant!r:.40}")
+    return key, str(variant)
+
+
+def loadable(params, prompt_len: int) -> bool:
+    """Whether a request's kv_transfer_params hand it a producer's K/V of positions 0..N-2 (a
+    file named by the producer, checked when loaded). Read on a KV consumer only."""
+    if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+        return False
+    tokens = params.get("pop_kv_tokens")
+    return ("pop_kv_file" in params and isinstance(tokens, int) and not isinstance(tokens, bool)
+            and 0 < tokens == prompt_len - 1)

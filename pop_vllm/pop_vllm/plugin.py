@@ -39,11 +39,12 @@ def register() -> None:
         if pop_arch not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(pop_arch, f"pop_vllm.models:{pop_arch}")
     _register_config_checks()
-    from . import control, prefix, step
+    from . import control, prefix, step, switch
 
     step.install()
     control.install()
     prefix.install()  # block hashes carry the POP settings: prefix caching stays exact
+    switch.install()  # settings pinned per request; a run-time switch drains first
 
 
 def check_config(vllm_config) -> None:
@@ -59,6 +60,11 @@ def check_config(vllm_config) -> None:
         log.warning("pop_vllm: ExampleConnector saves through per-layer hooks that POP's skipped "
                     "layers do not call for pruned tokens, and only a prompt's first chunk: use "
                     "pop_vllm's PopKVConnector (docs/serving.md)")
+    runner = getattr(vllm_config.model_config, "runner_type", "generate")
+    if runner != "generate":
+        raise PopSettingsError(f"the POP plugin serves generation only: runner {runner!r} is not "
+                               "supported (a pooling model's output is every prompt position's "
+                               "hidden state, which POP computes on the truncated path)")
     if vllm_config.speculative_config is not None:
         raise PopSettingsError("speculative decoding is not supported with the POP plugin")
     from vllm.config import CompilationMode

@@ -15,20 +15,29 @@ and repair maps. So each block of a request hashed in the engine core gets one m
 - nothing for a request that asked for prompt log-probs: the worker runs all its tokens on the
   full path, so its K/V are the stock model's.
 
-The settings are the engine's at the request's arrival: those it was started with, then those
-of the latest run-time switch (`pop_set`, seen where the engine core relays it to the workers).
-A request whose K/V came from a POP prefill instance through the connector is hashed with the
-settings of that instance (its kv_transfer_params carry them), so a stock decode instance never
-mixes those blocks with its own.
+The key comes from the engine's own settings only, pinned per request when it arrives in the
+engine core (`pin`, in order with run-time switches, see switch.py): those the engine was started
+with or switched to. A request's kv_transfer_params count only on a KV consumer running the POP
+connector, and then only to say that its prompt K/V come from the producer: the settings they
+were computed under are the consumer's configured ones (`kv_keys.producer_key`, checked against
+the file when loaded), never the request's. On any other engine the params change nothing.
+
+On a POP engine a request asking for prompt log-probs never reads cached or transferred K/V,
+whatever its skip_reading_prefix_cache says: vLLM computes prompt log-probs only at positions
+the step computes, and leaves the others unset (uninitialised memory), so such a request is
+recomputed in full and its log-probs are complete.
 """
 from __future__ import annotations
 
 from . import kv_keys
 from . import settings as pop_settings
 from .run_setting import RunSetting
+from .run_setting import RunSetting
 
 _UNSET = object()
-_current: tuple[str, str] | None = None  # (settings key, variant) in force, None: stock
+_current: tuple[str, str] | None = None  # (settings key, variant) new requests get; None: stock
+_consumer = _UNSET  # on a KV consumer: the key of the K/V it loads (None: stock's)
+_engine: dict = {"pop": False, "hf": None, "layers": 0}  # this engine core's model
 
 
 def current() -> tuple[str, str] | None:
@@ -36,25 +45,39 @@ def current() -> tuple[str, str] | None:
 
 
 def use(pop: RunSetting) -> None:
-    """The settings new requests of this engine core are hashed with."""
+    """The settings requests arriving from now on are pinned to."""
+    use_key(key_of(pop))
+
+
+def use_key(key: tuple[str, str] | None) -> None:
     global _current
+    _current = key
+
+
+def key_of(pop: RunSetting) -> tuple[str, str] | None:
     key = kv_keys.settings_key(pop)
-    _current = None if key is None else (key, str(pop.variant))
+    return None if key is None else (key, str(pop.variant))
 
 
-def request_key(request) -> tuple[str, str] | None:
-    """(settings key, variant) of a request, fixed at its first hash (its arrival)."""
-    got = getattr(request, "_pop_block_key", _UNSET)
-    if got is _UNSET:
-        params = request.kv_transfer_params
-        if transferred(params):
-            got = transferred_key(params)
-        elif full_path(request):
-            got = None  # every token ran the full model (step.py): stock K/V, hashed as stock
-        else:
-            got = _current
-        request._pop_block_key = got
-    return got
+def configure(vllm_config) -> None:
+    """This engine core's own settings: its model's POP settings, and (a KV consumer running the
+    POP connector) what the K/V it loads were computed under."""
+    global _consumer
+    model = vllm_config.model_config
+    hf = model.hf_config
+    pop = bool(set(model.architectures or ()) & set(pop_settings.ARCHITECTURES.values()))
+    _engine.update(pop=pop, hf=hf, layers=hf.num_hidden_layers)
+    use(pop_settings.engine_setting(getattr(hf, "pop", None), hf.num_hidden_layers) if pop
+        else RunSetting.full())
+    t = vllm_config.kv_transfer_config
+    _consumer = _UNSET
+    if t is not None and t.kv_connector == kv_keys.CONNECTOR and t.is_kv_consumer:
+        _consumer = kv_keys.producer_key(t.kv_connector_extra_config)
+
+
+def engine() -> dict:
+    """{"pop": a Pop* architecture, "hf": its config, "layers": its layer count}."""
+    return _engine
 
 
 def full_path(request) -> bool:
@@ -63,16 +86,48 @@ def full_path(request) -> bool:
     return params is not None and params.prompt_logprobs is not None
 
 
-def transferred(params) -> bool:
-    """Whether a connector's prefill instance computed this request's prompt K/V."""
-    return bool(params and params.get("do_remote_prefill") and "pop_kv_file" in params)
+def loads_transfer(request) -> bool:
+    """Whether this engine loads the request's prompt K/V from a producer: a KV consumer, params
+    naming a file of its N-1 positions, and a request that reads cached K/V at all."""
+    return (_consumer is not _UNSET and not full_path(request)
+            and not getattr(request, "skip_reading_prefix_cache", False)
+            and kv_keys.loadable(request.kv_transfer_params, request.num_prompt_tokens))
 
 
-def transferred_key(params) -> tuple[str, str] | None:
-    """The settings that prefill instance ran (None: the stock model's K/V, hashed as stock)."""
-    if not params.get("pop_kv_settings"):
-        return None
-    return str(params["pop_kv_settings"]), str(params.get("pop_kv_variant", "pop"))
+def arrival_key(request) -> tuple[str, str] | None:
+    """The key a request arriving now gets, from this engine's own settings."""
+    if full_path(request):
+        return None  # every token runs the full model (step.py): stock K/V, hashed as stock
+    if loads_transfer(request):
+        return _consumer  # the producer's K/V, as this engine was configured to load them
+    return _current
+
+
+def request_key(request) -> tuple[str, str] | None:
+    """(settings key, variant) of a request: pinned at its arrival (`pin`); a hash taken before
+    (vLLM hashes a request where it builds it, in the engine core's input thread) uses the key
+    of that moment, and `pin` redoes it when the two differ."""
+    got = getattr(request, "_pop_block_key", _UNSET)
+    if got is _UNSET:
+        got = request._pop_block_key = arrival_key(request)
+    return got
+
+
+def pin(request) -> None:
+    """At the request's arrival in the engine core (EngineCore.add_request, which runs in order
+    with run-time switches): its key, its hashes redone if they were taken under another."""
+    if _engine["pop"] and full_path(request):
+        request.skip_reading_prefix_cache = True  # its prompt log-probs must all be computed
+    repin(request, arrival_key(request))
+
+
+def repin(request, key) -> None:
+    """Give a request that has not been scheduled yet another key, its block hashes redone."""
+    before = getattr(request, "_pop_block_key", _UNSET)
+    request._pop_block_key = key
+    if before is not _UNSET and before != key and hasattr(request, "update_block_hashes"):
+        request.block_hashes.clear()
+        request.update_block_hashes()
 
 
 def extra_key(request, start: int, end: int):
@@ -85,45 +140,18 @@ def extra_key(request, start: int, end: int):
 
 
 def install() -> None:
-    """Wrap the block hasher's extra keys, the scheduler's start and the engine core's
-    collective_rpc, once per process."""
+    """Wrap the block hasher's extra keys, once per process (the engine core's own hooks, which
+    configure and pin, are switch.py's)."""
     from vllm.v1.core import kv_cache_utils
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.engine.core import EngineCore
 
     extra = kv_cache_utils.generate_block_hash_extra_keys
     if getattr(extra, "_pop_wrapped", False):
         return
-    init, rpc = Scheduler.__init__, EngineCore.collective_rpc
 
     def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
         keys, mm_idx = extra(request, start_token_idx, end_token_idx, start_mm_idx)
         pop = extra_key(request, start_token_idx, end_token_idx)
         return (keys if pop is None else (keys or ()) + (pop,)), mm_idx
 
-    def scheduler_init(self, vllm_config, *args, **kwargs):
-        # The scheduler is built in the engine core after the plugins load (EngineCore.__init__
-        # loads them itself, too late to wrap it): the engine's own settings start here.
-        use(_engine_settings(vllm_config))
-        init(self, vllm_config, *args, **kwargs)
-
-    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        out = rpc(self, method, timeout, args, kwargs)
-        if method == "pop_set" and out:  # what the workers took (a refused switch raised)
-            got = out[0]
-            use(RunSetting(**got))
-        return out
-
     generate_block_hash_extra_keys._pop_wrapped = True
     kv_cache_utils.generate_block_hash_extra_keys = generate_block_hash_extra_keys
-    Scheduler.__init__ = scheduler_init
-    EngineCore.collective_rpc = collective_rpc
-
-
-def _engine_settings(vllm_config) -> RunSetting:
-    """The POP settings an engine was started with (none for a stock architecture)."""
-    model = vllm_config.model_config
-    if not set(model.architectures or ()) & set(pop_settings.ARCHITECTURES.values()):
-        return RunSetting.full()
-    hf = model.hf_config
-    return pop_settings.engine_setting(getattr(hf, "pop", None), hf.num_hidden_layers)

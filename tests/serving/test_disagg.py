@@ -6,6 +6,8 @@ between them, the POP KV connector handing the K/V over through files.
 - greedy token ids over HTTP equal POP Lab's `pop` for a prompt shorter than a block, one of
   several blocks and a batch of mixed lengths sent at once, and the decode instance took every
   position before x_N from the hand-off (its own counter of externally loaded tokens);
+- prompt log-probs (`prompt_logprobs`, `echo`) through the router are complete and the stock
+  model's: the decode side loads nothing for them and computes the prompt on the full path;
 - the prefill instance killed mid-request: the client gets one clear error, the CLI exits with
   one line, and no process of the topology is left.
 """
@@ -21,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from pop_analysis.engine.generate import SamplingConfig, encode, run
 from pop_analysis.serving.server import group_members
@@ -113,6 +116,41 @@ def test_disaggregated_tokens_equal_pop_lab_pop(topology):
     assert metric(decode, "vllm:external_prefix_cache_hits_total") - before == moved
     folder = Path(info["folder"])
     assert not list(folder.rglob("*.safetensors"))  # each decode request removed its file
+
+
+@torch.inference_mode()
+def full_model_logprobs(lm, ids: list[int]) -> list[float]:
+    """The stock model's log-prob of each prompt token after the first (POP Lab's full model)."""
+    logits = lm.model(torch.tensor([ids])).logits.float()[0]  # (N, V)
+    lp = torch.log_softmax(logits[:-1], -1)  # (N-1, V)
+    return lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def test_prompt_logprobs_through_the_topology_are_complete_and_the_stock_models(topology, embedded):
+    """A request asking for prompt log-probs loads nothing on the decode side (its positions
+    before x_N would have no log-probs): the decode instance computes the whole prompt on the
+    full path, so every prompt log-prob is there and equals the stock model's."""
+    _, info, prompts, _, _ = topology
+    decode = info["members"]["decode"]["url"]
+    ids = prompts[-1]  # several blocks
+    want = full_model_logprobs(embedded, ids)
+    for echo in (False, True):
+        before = metric(decode, "vllm:external_prefix_cache_hits_total")
+        body = {"model": "smollm2-135m", "prompt": ids, "max_tokens": 2, "temperature": 0,
+                "ignore_eos": True, "logprobs": 1}
+        body.update({"echo": True} if echo else {"prompt_logprobs": 1})
+        choice = post(info["url"], body)["choices"][0]
+        if echo:
+            got = choice["logprobs"]["token_logprobs"][1:len(ids)]
+        else:
+            got = [d[str(t)]["logprob"] for d, t in zip(choice["prompt_logprobs"][1:], ids[1:])]
+            assert choice["prompt_logprobs"][0] is None and len(choice["prompt_logprobs"]) == len(ids)
+        assert len(got) == len(ids) - 1 and None not in got, got
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+        assert metric(decode, "vllm:external_prefix_cache_hits_total") == before  # loaded nothing
+    folder = Path(info["folder"])
+    wait_until(lambda: not list(folder.rglob("*.safetensors")), 30,
+               "the decode instance did not remove the prefill's unused file")
 
 
 def test_prefill_killed_mid_request_one_error_no_orphan(topology):

@@ -5,7 +5,9 @@ vLLM engines run one after another by one driver process (prefill instance, then
   chunks, some made only of pruned tokens) writes, for every layer (skipped ones included) and
   every prompt position 0..N-2, the K/V POP Lab's `pop` computes, and nothing else;
 - a POP decode instance and a stock one load them, compute only x_N and the generated tokens,
-  and both give POP Lab's `pop` tokens; a file that is not there fails that request in one line;
+  and both give POP Lab's `pop` tokens; a file that is not there, or one written under other
+  settings than the decode instance was configured to load, fails that request in one line;
+  a request asking for prompt log-probs or setting skip_reading_prefix_cache loads nothing;
 - vLLM's ExampleConnector on the same prefill instance loses the skipped layers' K/V (the reason
   the plugin ships its own connector).
 """
@@ -21,6 +23,8 @@ from pop_analysis.engine.models import model_from_hf
 from pop_analysis.engine.pop import run_prompt
 from pop_vllm.run_setting import RunSetting
 
+from pop_vllm import kv_keys
+
 from tiny_saved import SHAPE, tiny
 from vllm_driver import Driver, check_venv, ok
 
@@ -35,21 +39,27 @@ MISSING = {"do_remote_prefill": True, "pop_kv_file": "prefill-0/" + "0" * 40, "p
 
 
 def _pop_kv(folder: Path, role: str, engine_id: str) -> dict:
-    return {"kv_connector": "PopKVConnector", "kv_connector_module_path": "pop_vllm.connector",
-            "kv_role": role, "engine_id": engine_id,
-            "kv_connector_extra_config": {"pop_kv_dir": str(folder)}}
+    """The connector's config as serve --disaggregated writes it (the producer runs POP)."""
+    return kv_keys.transfer_config(role, folder, engine_id, RunSetting(tuple(SKIP), "pop"))
 
 
 def _jobs(model: Path, prompts, kv: Path, example: Path) -> list[dict]:
     producer = {**ENGINE, "kv_transfer_config": _pop_kv(kv, "kv_producer", "prefill-0")}
     consumer = {**ENGINE, "kv_transfer_config": _pop_kv(kv, "kv_consumer", "decode-0")}
     hand_off = {"prompts": prompts, "max_tokens": 1, "kv": "produce"}
+    one = {"prompts": prompts[:1], "max_tokens": 1, "kv": "produce"}
+    decode = {"prompts": prompts[:1], "max_tokens": N_NEW}
     return [
         {"model": str(model), "pop": {"skip": SKIP}, "engine": producer,
-         "runs": [hand_off, hand_off, hand_off]},  # run 2's files stay for the layout check
+         "runs": [hand_off, hand_off, hand_off,  # run 2's files stay for the layout check
+                  {**one, "prompt_logprobs": 1},  # 3: the full path: a stock file
+                  one, one]},
         {"model": str(model), "pop": {"skip": SKIP}, "engine": consumer,
          "runs": [{"prompts": prompts, "max_tokens": N_NEW, "kv": [0, 0]},
-                  {"prompts": prompts[:1], "max_tokens": N_NEW, "kv": [MISSING]}]},
+                  {**decode, "kv": [MISSING]},
+                  {**decode, "kv": [0, 3]},  # 2: a file of other settings than configured
+                  {**decode, "kv": [0, 4], "prompt_logprobs": 1},  # 3: loads nothing
+                  {**decode, "kv": [0, 5], "skip_reading": True}]},  # 4: loads nothing
         {"model": str(model), "pop": None, "engine": consumer,
          "runs": [{"prompts": prompts, "max_tokens": N_NEW, "kv": [0, 1]}]},
         {"model": str(model), "pop": {"skip": SKIP},
@@ -75,6 +85,10 @@ def handed(tmp_path_factory):
                for v, s in (("pop", SKIP), ("full", ()))}
         ref["kv"] = {v: [_pop_lab_kv(lm, p, v, s) for p in prompts]
                      for v, s in (("pop", SKIP), ("full", ()))}
+        with torch.inference_mode():
+            logits = lm.model(torch.tensor([prompts[0]])).logits.float()[0]  # (N, V)
+            lp = torch.log_softmax(logits[:-1], -1)  # (N-1, V)
+            ref["prompt_lp"] = lp.gather(1, torch.tensor(prompts[0][1:])[:, None])[:, 0].tolist()
     finally:
         jobs = driver.results()
     return prompts, jobs, ref, kv, example
@@ -105,7 +119,7 @@ def _token_major(blocks: torch.Tensor, n: int):
 def test_prefill_instance_hands_off_every_prompt_position_of_every_layer(handed):
     prompts, jobs, ref, kv, _ = handed
     runs = ok(jobs[0])["runs"]
-    for i, r in enumerate(runs):  # the counters add up over the engine's runs
+    for i, r in enumerate(runs[:3]):  # the counters add up over the engine's runs
         assert [p["pop_kv_tokens"] for p in r["kv_params"]] == [n - 1 for n in LENGTHS]
         assert r["kv_stats"]["saved_tokens"] == sum(n - 1 for n in LENGTHS) * (i + 1)
     files = sorted((kv / "prefill-0").glob("*.safetensors"))
@@ -146,6 +160,38 @@ def test_missing_hand_off_fails_the_request(handed):
     r = jobs[1]["runs"][1]
     assert r["finish"] == ["error"] and r["tokens"] == [[]], r
     assert r["kv_stats"]["load_errors"] == 1
+
+
+def test_the_consumer_loads_only_what_it_was_configured_to_load(handed):
+    """The decode instance hashes and checks loaded K/V under its configured producer settings,
+    never the request's kv_transfer_params: a file the producer wrote under other settings (a
+    prompt-log-prob request runs the full path: stock K/V) fails that request in one line."""
+    _, jobs, _, kv, _ = handed
+    stock_file = jobs[0]["runs"][3]["kv_params"][0]
+    assert stock_file["pop_kv_settings"] is None  # the producer ran it on the full path
+    r = jobs[1]["runs"][2]
+    assert r["finish"] == ["error"] and r["tokens"] == [[]], r
+    assert r["kv_stats"]["load_errors"] == 2  # the missing file's, then this one's
+    assert not list((kv / "prefill-0").glob(stock_file["pop_kv_file"].split("/")[1] + "*"))
+
+
+def test_prompt_logprobs_and_the_skip_flag_load_nothing(handed):
+    """A decode request asking for prompt log-probs, or setting skip_reading_prefix_cache, loads
+    no K/V, whatever its kv_transfer_params say: the prompt is computed here (the full model's
+    for prompt log-probs, complete; POP for the other), and the files are removed all the same."""
+    prompts, jobs, ref, kv, _ = handed
+    runs = jobs[1]["runs"]
+    loaded = runs[2]["kv_stats"]["loaded_requests"]
+    logprobs, skipping = runs[3], runs[4]
+    assert logprobs["tokens"] == [ref["full"][0]] and skipping["tokens"] == [ref["pop"][0]]
+    assert logprobs["kv_stats"]["loaded_requests"] == skipping["kv_stats"]["loaded_requests"] \
+        == loaded
+    got = logprobs["prompt_logprobs"][0]
+    assert got[0] is None and None not in got[1:] and len(got) == len(prompts[0])
+    assert max(abs(a - b) for a, b in zip(got[1:], ref["prompt_lp"])) < 1e-3
+    assert skipping["stats"]["pruned_tokens"] == len(prompts[0]) - 1  # its own POP prefill
+    left = {f.name.split(".")[0] for f in (kv / "prefill-0").glob("*.safetensors")}
+    assert left == {p["pop_kv_file"].split("/")[1] for p in jobs[0]["runs"][2]["kv_params"]}
 
 
 def test_example_connector_loses_skipped_layers(handed):

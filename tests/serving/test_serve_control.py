@@ -35,7 +35,7 @@ from pop_analysis.serving.spec import spec_for
 from pop_analysis.serving.venv import ServingError
 from pop_analysis.speed import procs
 from pop_vllm.engine_env import CONTROL_ROUTE, CONTROL_TOKEN_ENV
-from pop_vllm.run_setting import RunSetting
+from pop_vllm.guards import is_open
 
 from vllm_driver import wait_until
 
@@ -65,6 +65,28 @@ for route, headers in routes:
 print(json.dumps(out))
 """
 
+# Every route the running server declares (its own /openapi.json), path parameters filled in, and
+# routes it does not know: the status each answers a client without the secret.
+EVERY_ROUTE = """
+import json, re, sys, urllib.request, urllib.error
+url, extra = sys.argv[1], json.loads(sys.argv[2])
+with urllib.request.urlopen(url + "/openapi.json", timeout=60) as r:
+    declared = [(m.upper(), re.sub(r"[{][^}]*[}]", "x", p)) for p, ops in json.load(r)["paths"].items()
+                for m in ops]
+out = []
+for method, path in declared + [tuple(e) for e in extra]:
+    body = b"{}" if method in ("POST", "PUT", "PATCH") else None
+    req = urllib.request.Request(url + path, body, {"Content-Type": "application/json"},
+                                 method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            out.append([method, path, r.status])
+    except urllib.error.HTTPError as e:
+        out.append([method, path, e.code])
+print(json.dumps(out))
+"""
+UNKNOWN = [["POST", "/v1/set_adapter"], ["DELETE", "/v1/models/x"], ["PUT", "/v1/completions"],
+           ["POST", "/v1/models"], ["POST", "/v2/anything"], ["GET", "/v1/completions/"]]
 
 STARTED: list[tuple] = []  # the engine's start progress: (done, total, message) as reported
 
@@ -108,6 +130,25 @@ def test_another_local_client_cannot_change_the_engine(serving):
                                                 "max_tokens": 2, "temperature": 0})
     assert out["choices"][0]["text"]
     assert engine.alive()
+
+
+def test_the_guard_opens_only_its_allowlist_of_the_real_servers_routes(serving):
+    """Every (method, path) the real vLLM server declares, and some it does not: a client without
+    the secret gets 401 unless the pair is on the guard's allowlist (exact match), and the open
+    ones are answered by vLLM (a 4xx for an empty body, never 401)."""
+    engine = serving.engines["pop"]
+    p = subprocess.run([sys.executable, "-c", EVERY_ROUTE, engine.url, json.dumps(UNKNOWN)],
+                       capture_output=True, text=True, timeout=600,
+                       env={k: v for k, v in os.environ.items() if k != CONTROL_TOKEN_ENV})
+    seen = json.loads(p.stdout)
+    wrong = [(m, path, code) for m, path, code in seen if (code == 401) == is_open(m, path)]
+    assert not wrong, wrong
+    closed = {(m, path) for m, path, code in seen if code == 401}
+    declared_closed = closed - {tuple(u) for u in UNKNOWN}  # 8 routes of vLLM 0.32 here
+    assert len(declared_closed) >= 5 and ("POST", "/generative_scoring") in closed, sorted(closed)
+    assert {("POST", "/v1/completions"), ("GET", "/v1/models")} <= {
+        (m, path) for m, path, _ in seen} - closed
+    assert variant_now(engine) == "pop" and engine.alive()
 
 
 def test_the_secret_is_in_no_command_line_and_no_log(serving):

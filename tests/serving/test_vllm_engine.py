@@ -88,6 +88,10 @@ def _jobs(prompts, maps) -> dict:
         {"set": {"skip": TAIL, "variant": "pop"}, **lp, "prompt_logprobs": ASKED},
         {"set": {"skip": TAIL, "variant": "pop_no_boundary"}, **lp, "prompt_logprobs": 1},
         {"set": repair("good"), **lp, "prompt_logprobs": [None if k else 1 for k in ASKED]},
+        # 15: a switch while requests are in flight, refused by an in-process engine
+        {"set": {"skip": TAIL, "variant": "pop"}, "prompts": prompts[:2], "max_tokens": N_NEW,
+         "switch_in_flight": {"set": {"skip": TAIL, "variant": "full"}}},
+        {"prompts": prompts[:1], "max_tokens": N_NEW},  # 16: still pop, still serving
     ]
     preempt = [{"prompts": prompts, "max_tokens": N_PREEMPT},
                {"set": {"skip": TAIL, "variant": "pop"}, "prompts": prompts, "max_tokens": N_PREEMPT}]
@@ -100,6 +104,7 @@ def _jobs(prompts, maps) -> dict:
         bad(repair("shapes")),
         bad(repair("good", TAIL[:-1])),  # 6: maps for 20-29, skip set 20-28
         bad({"skip": TAIL, "variant": "pop_no_kv"}),
+        bad({"skip": TAIL, "variant": "pop"}, runner="pooling"),  # 8: an embedding engine
         {"model": str(MODEL), "engine": ENGINE, "pop": None,
          "runs": [{"prompts": prompts, "max_tokens": N_NEW},
                   {**lp, "prompt_logprobs": 1}]},
@@ -113,7 +118,8 @@ BAD = ["skip layer(s) 30 out of range", "unknown POP variant 'popx'",
        "pop_repair needs a repair maps file", "does not exist",
        "not exactly skip set [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]", "does not fit this model",
        "not exactly skip set [20, 21, 22, 23, 24, 25, 26, 27, 28]",
-       "pop_no_kv is not supported in vLLM"]
+       "pop_no_kv is not supported in vLLM",
+       "the POP plugin serves generation only: runner 'pooling' is not supported"]
 STOCK, POP, PREEMPT = len(BAD), len(BAD) + 1, len(BAD) + 2  # the engines' jobs
 
 
@@ -240,6 +246,16 @@ def test_bad_run_time_switch_gives_one_line_and_keeps_the_settings(engine):
     for run_, message in ((runs[8], "not exactly skip set"), (runs[9], "pop_no_kv is not supported")):
         assert message in run_["error"] and "\n" not in run_["error"], run_
     assert runs[10]["stats"]["repair"] == maps["zeros"] and runs[10]["tokens"] == runs[7]["tokens"][:1]
+
+
+def test_an_in_process_engine_refuses_a_switch_with_requests_in_flight(engine):
+    """Its caller steps it, so it cannot let them finish first (a server's engine core drains
+    them: tests/serving/test_prefix_cache.py): one line, the settings and the engine unchanged."""
+    prompts, jobs, ref, _ = engine
+    runs = ok(jobs[POP])["runs"]
+    assert "in flight: an in-process engine" in runs[15]["error"], runs[15]
+    assert "\n" not in runs[15]["error"] and runs[15]["at_switch"]["pruned_tokens"] > 0
+    assert runs[16]["stats"]["variant"] == "pop" and runs[16]["tokens"] == ref[("pop", tuple(TAIL))][:1]
 
 
 def test_preemption_recompute_stays_exact(engine):

@@ -3,6 +3,7 @@ path of prefix caching, the settings key and storage folder, the prefill/decode/
 (pinning, roles, the connector's config), and bad input in one line."""
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -71,11 +72,17 @@ def test_plan_pins_each_instance_and_joins_them_through_the_connector(base, tmp_
         assert cfg["kv_role"] == role and cfg["engine_id"] == eid
         assert cfg["kv_connector_module_path"] == "pop_vllm.connector"
         assert cfg["kv_connector_extra_config"]["pop_kv_dir"] == topo.folder
+        # both know what the prefill instance computes its K/V under (the decode side's keys)
+        assert kv_keys.producer_key(cfg["kv_connector_extra_config"]) == (
+            kv_keys.settings_key(RunSetting((20, 21, 22), "pop")), "pop")
         assert cmd[cmd.index("--block-size") + 1] == "32"
         assert engine_env(spec)["VLLM_CPU_OMP_THREADS_BIND"] == str(spec.cpus[0])
     assert topo.folder.startswith(str(tmp_path.resolve()))
     stock = disagg.plan(base, "full", (0,), (1,), 32, tmp_path).decode
-    assert stock.setting == RunSetting.full() and not stock.pop
+    assert stock.variant == "full" and stock.skip == () and not stock.pop
+    cmd = command(stock, "python", 8000)
+    extra = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert kv_keys.producer_key(extra)[1] == "pop"  # a stock decode side loads POP's K/V
     assert "prefill pool" in topo.describe()[0] and "20-22" in topo.describe()[0]
 
 
@@ -108,32 +115,91 @@ def test_prefix_caching_flag(base):
     assert "--enable-prefix-caching" in on and "--no-enable-prefix-caching" not in on
 
 
-def test_request_keys_follow_the_settings_at_arrival_and_the_transfer():
-    """pop_vllm.prefix's per-request key (its vLLM hooks are installed only in engines): fixed
-    at a request's first hash, the engine's settings then, a handed-over request the prefill's."""
-    from types import SimpleNamespace
+def _request(params=None, n: int = 70, **kw):
+    return SimpleNamespace(kv_transfer_params=params, num_prompt_tokens=n, **kw)
 
+
+def _engine(consumer: dict | None = None, arch: str = "PopLlamaForCausalLM"):
+    """What pop_vllm.prefix reads of an engine's config: its model, its KV role."""
+    hf = SimpleNamespace(num_hidden_layers=30, pop={"skip": [20, 21], "variant": "pop"})
+    transfer = None if consumer is None else SimpleNamespace(
+        kv_connector="PopKVConnector", is_kv_consumer=True, kv_connector_extra_config=consumer)
+    return SimpleNamespace(model_config=SimpleNamespace(architectures=[arch], hf_config=hf),
+                           kv_transfer_config=transfer)
+
+
+HANDED = {"do_remote_prefill": True, "pop_kv_file": "prefill-0/" + "0" * 40, "pop_kv_tokens": 69,
+          "pop_kv_settings": None, "pop_kv_variant": "full"}  # a client's claim: stock K/V
+
+
+def test_request_keys_come_from_the_engines_own_settings_at_arrival():
+    """pop_vllm.prefix's per-request key (its vLLM hooks are installed only in engines): pinned
+    at a request's arrival from the engine's settings then; a run-time switch changes the key
+    of requests arriving after it only."""
     from pop_vllm import prefix
 
-    def request(params=None):
-        return SimpleNamespace(kv_transfer_params=params, num_prompt_tokens=70)
-
-    prefix.use(RunSetting((20, 21), "pop"))
-    pop = request()
+    prefix.configure(_engine())
+    pop = _request()
     key = kv_keys.settings_key(RunSetting((20, 21), "pop"))
+    prefix.pin(pop)
     assert prefix.extra_key(pop, 0, 32) == ("pop", key)
     assert prefix.extra_key(pop, 64, 96) == ("pop", key, ("boundary", 5))
     prefix.use(RunSetting((20, 21), "full"))  # a run-time switch to full
     assert prefix.extra_key(pop, 32, 64) == ("pop", key)  # the request keeps its arrival key
-    assert prefix.extra_key(request(), 0, 32) is None  # a new one is stock
-    handed = {"do_remote_prefill": True, "pop_kv_file": "prefill-0/" + "0" * 40,
-              "pop_kv_settings": "abc", "pop_kv_variant": "pop"}
-    assert prefix.extra_key(request(handed), 0, 32) == ("pop", "abc")  # the prefill's settings
+    assert prefix.extra_key(_request(), 0, 32) is None  # a new one is stock
     prefix.use(RunSetting((20, 21), "pop"))
-    stock = {**handed, "pop_kv_settings": None, "pop_kv_variant": "full"}
-    assert prefix.extra_key(request(stock), 0, 32) is None  # a stock prefill's K/V stays stock
-    logprobs = request()
-    logprobs.sampling_params = SimpleNamespace(prompt_logprobs=1)  # runs the full path (step.py)
+    logprobs = _request(sampling_params=SimpleNamespace(prompt_logprobs=1),
+                        skip_reading_prefix_cache=False)  # the caller allows cached K/V
+    prefix.pin(logprobs)
     assert prefix.extra_key(logprobs, 0, 32) is None and prefix.full_path(logprobs)
+    assert logprobs.skip_reading_prefix_cache  # a POP engine recomputes its prompt: complete
     assert prefix.extra_key(pop, 0, 32) == ("pop", key) and not prefix.full_path(pop)
+
+
+def test_transfer_params_count_only_on_a_kv_consumer():
+    """A client's kv_transfer_params on an engine that is no KV consumer change nothing (they
+    used to make POP K/V hash as stock); on a consumer they say the K/V come from the producer,
+    hashed under the consumer's configured producer settings, never the request's claim."""
+    from pop_vllm import prefix
+
+    prefix.configure(_engine())  # a POP engine, no connector
+    key = kv_keys.settings_key(RunSetting((20, 21), "pop"))
+    forged = _request(dict(HANDED))
+    prefix.pin(forged)
+    assert prefix.extra_key(forged, 0, 32) == ("pop", key) and not prefix.loads_transfer(forged)
+    producer = kv_keys.producer_config(RunSetting((25, 26), "pop"))
+    prefix.configure(_engine(producer, arch="LlamaForCausalLM"))  # a stock decode instance
+    handed = _request(dict(HANDED))  # claims stock K/V; the consumer knows better
+    prefix.pin(handed)
+    assert prefix.loads_transfer(handed)
+    assert prefix.extra_key(handed, 0, 32) == ("pop", producer["pop_kv_settings"])
+    for params in ({**HANDED, "pop_kv_tokens": 10}, {**HANDED, "do_remote_prefill": False},
+                   {**HANDED, "pop_kv_tokens": "69"}, None):
+        own = _request(params)  # not a hand-off of its N-1 positions: its own K/V, stock here
+        prefix.pin(own)
+        assert not prefix.loads_transfer(own) and prefix.extra_key(own, 0, 32) is None
+    skipping = _request(dict(HANDED), skip_reading_prefix_cache=True)  # loads nothing
+    prefix.pin(skipping)
+    assert not prefix.loads_transfer(skipping) and prefix.extra_key(skipping, 0, 32) is None
+    with pytest.raises(ValueError, match="needs kv_connector_extra_config"):
+        prefix.configure(_engine({"pop_kv_dir": "/x"}))  # a consumer that was not told
+    prefix.configure(_engine())
+    prefix.use(RunSetting.full())
+
+
+def test_a_pin_after_a_switch_redoes_hashes_taken_before_it():
+    """vLLM hashes a request where it builds it (the input thread); the engine core pins it in
+    order with switches: a hash taken under the old settings is redone under the new."""
+    from pop_vllm import prefix
+
+    prefix.configure(_engine())
+    hashed = []
+    r = _request(block_hashes=[], update_block_hashes=lambda: r.block_hashes.extend(
+        [prefix.extra_key(r, 0, 32)]))
+    r.update_block_hashes()  # built (and hashed) before the switch
+    hashed.append(list(r.block_hashes))
+    prefix.use(RunSetting((20, 21), "full"))  # the switch was handled first
+    prefix.pin(r)
+    assert hashed == [[("pop", kv_keys.settings_key(RunSetting((20, 21), "pop")))]]
+    assert r.block_hashes == [None]  # rehashed: stock, as the workers will run it
     prefix.use(RunSetting.full())
