@@ -27,6 +27,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from pop_vllm.engine_env import FORWARD_SECONDS, STATS, SWITCH
 from pop_vllm.run_setting import RunSetting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +123,7 @@ def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> i
 
     def gen(variant: str, ids, n_new: int) -> None:
         setting = RunSetting(SKIP, variant).as_config()
-        clock.exclude(llm.collective_rpc, "pop_set", None, (setting,))
+        clock.exclude(llm.collective_rpc, SWITCH, None, (setting,))
         llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=n_new, temperature=0.0,
                                                                  ignore_eos=True), use_tqdm=False)
 
@@ -135,7 +136,7 @@ def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> i
         rows.append(dict(_row("ttft", n, t), flop_ideal=round(ideal, 4)))
         _print("ttft", n, t)
         t = measure(lambda: gen("full", ids, 1), lambda: gen("pop", ids, 1), cfg,
-                    clock=lambda: llm.collective_rpc("pop_forward_seconds")[0], threads=args.threads,
+                    clock=lambda: llm.collective_rpc(FORWARD_SECONDS)[0], threads=args.threads,
                     ideal=ideal)
         rows.append(dict(_row("forward", n, t), flop_ideal=round(ideal, 4)))
         _print("forward", n, t)
@@ -151,7 +152,7 @@ def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> i
         rows.append(row)
         print(f"decode: {t.speedup:.3f}x [{t.low:.3f}, {t.high:.3f}] {row['decode_tok_s_full']} vs "
               f"{row['decode_tok_s_pop']} tok/s {t.note or ''}", flush=True)
-    stats = llm.collective_rpc("pop_stats")[0]
+    stats = llm.collective_rpc(STATS)[0]
     save("vllm_ttft_bench", args,
          {"mode": args.mode, "threads": args.threads, "skip": SKIP, "engine_start_s": round(start_s, 1),
           "rows": rows, "pop_stats": stats})

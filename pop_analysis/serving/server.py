@@ -44,7 +44,6 @@ START_TIMEOUT_S = 600.0  # a cold start on 2 shared cores took 28 s; compiled mo
 MAX_START_TIMEOUT_S = 86400.0  # the longest wait for a start accepted (a day)
 POLL_S = 0.5  # readiness polls (each one is a wait on the engine's exit, so a crash ends it)
 STOP_TIMEOUT_S = 20.0
-SWITCH = "pop_set"  # the plugin's worker method behind the run-time switch (pop_vllm/control.py)
 SECRET_SHOWN = f"${control.CONTROL_TOKEN_ENV}"  # what command_line shows: the shell's own, never ours
 # What the log says while the engine starts, in order: (pattern, what the bar shows).
 MILESTONES = (
@@ -140,7 +139,7 @@ def engine_env(spec: EngineSpec, secret: str | None = None) -> dict:
     except ValueError as e:
         raise ServingError(str(e)) from None
     env = {**os.environ, **world, "PYTHONUNBUFFERED": "1"}
-    for name in ("VIRTUAL_ENV", "VLLM_SERVER_DEV_MODE", control.CONTROL_TOKEN_ENV):
+    for name in ("VIRTUAL_ENV", plugin_env.DEV_MODE_ENV, control.CONTROL_TOKEN_ENV):
         env.pop(name, None)
     if secret:
         env[control.CONTROL_TOKEN_ENV] = secret
@@ -195,10 +194,7 @@ class Engine:
     def command_line(self) -> str:
         """The exact vLLM command (with the environment that matters), for a shell."""
         env = self._env()
-        keep = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_HOST_IP", "HF_HUB_OFFLINE",
-                "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
-                "VLLM_USE_V2_MODEL_RUNNER", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")
-        pre = [f"{k}={shlex.quote(env[k])}" for k in keep if k in env]
+        pre = [f"{k}={shlex.quote(env[k])}" for k in plugin_env.ENGINE_ENV_NAMES if k in env]
         pre.append(f"{control.CONTROL_TOKEN_ENV}=\"{SECRET_SHOWN}\"")  # the secret is never shown
         pin = ["taskset", "-c", ",".join(map(str, self.spec.cpus))] if self.spec.cpus else []
         return " ".join(pre + pin + [shlex.quote(c) for c in self.cmd])
@@ -291,7 +287,7 @@ class Engine:
         model runs the stock forward; pop_repair needs its maps file). Every worker answers."""
         if not (self.spec.pop and self.spec.switchable):
             raise ServingError("this engine has no run-time switch (start it switchable)")
-        got = self.control(SWITCH, [setting.as_config()])
+        got = self.control(plugin_env.SWITCH, [setting.as_config()])
         if not got or any(g.get("variant") != setting.variant for g in got):
             raise ServingError(f"the run-time switch answered {got!r:.200}, not variant "
                                f"{setting.variant}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .stats import new_stats
 
-METHODS = ("pop_set", "pop_stats", "pop_reset_stats", "pop_forward_seconds", "pop_kv_stats")
+# The functions below are added to vLLM's worker class under these names (engine_env.py, patches.py).
 
 
 def _pop_model(worker):
@@ -56,11 +56,3 @@ def pop_kv_stats(worker) -> dict | None:
     if not has_kv_transfer_group():
         return None
     return dict(getattr(get_kv_transfer_group(), "stats", None) or {})
-
-
-def install() -> None:
-    from vllm.v1.worker.worker_base import WorkerBase
-
-    for name in METHODS:
-        if not hasattr(WorkerBase, name):
-            setattr(WorkerBase, name, globals()[name])

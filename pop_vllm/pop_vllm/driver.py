@@ -41,6 +41,8 @@ import os
 import sys
 import time
 
+from .engine_env import BIND_ENV, KV_STATS, MULTIPROCESSING_ENV, RESET_STATS, STATS, SWITCH
+
 MARK = "POP_DRIVER_RESULT "
 
 
@@ -95,30 +97,30 @@ def run_job(job: dict, done: list | None = None) -> dict:
     return out
 
 
-def _bind_ranks(world: int, _auto=os.environ.get("VLLM_CPU_OMP_THREADS_BIND")) -> None:
+def _bind_ranks(world: int, _auto=os.environ.get(BIND_ENV)) -> None:
     """Each rank of a parallel engine on its own cores; a one-rank engine as the caller set it."""
     from .engine_env import rank_cpus
 
     if world > 1:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = rank_cpus(world)
+        os.environ[BIND_ENV] = rank_cpus(world)
     elif _auto is None:
-        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        os.environ.pop(BIND_ENV, None)
     else:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _auto
+        os.environ[BIND_ENV] = _auto
 
 
 def _in_process(engine: dict, world: int, multiprocess: bool = False) -> None:
     """One rank: engine core and worker in this process (read by vLLM when the engine starts)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if world == 1 and not multiprocess else "1"
+    os.environ[MULTIPROCESSING_ENV] = "0" if world == 1 and not multiprocess else "1"
     if world == 1:
         engine.setdefault("distributed_executor_backend", "uni")
 
 
 def _run(llm, run: dict, is_pop: bool, SamplingParams, done: list) -> dict:
     if "set" in run:
-        llm.collective_rpc("pop_set", args=(run["set"],))
+        llm.collective_rpc(SWITCH, args=(run["set"],))
     if is_pop:
-        llm.collective_rpc("pop_reset_stats")
+        llm.collective_rpc(RESET_STATS)
     if "chat" in run:
         return _chat(llm, run, is_pop, SamplingParams)
     if "switch_in_flight" in run:
@@ -137,11 +139,11 @@ def _run(llm, run: dict, is_pop: bool, SamplingParams, done: list) -> dict:
     else:
         res = [llm.generate([p], [s], use_tqdm=False)[0] for p, s in zip(prompts, params)]
     out = {"tokens": [list(r.outputs[0].token_ids) for r in res],
-           "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
+           "stats": llm.collective_rpc(STATS)[0] if is_pop else None,
            "preemptions": _preemptions(llm), "cached": [r.num_cached_tokens for r in res],
            "finish": [r.outputs[0].finish_reason for r in res],
            "kv_params": [r.kv_transfer_params for r in res],
-           "kv_stats": llm.collective_rpc("pop_kv_stats")[0]}
+           "kv_stats": llm.collective_rpc(KV_STATS)[0]}
     if run.get("logprobs") is not None:
         out["logprobs"] = [_own(r.outputs[0].logprobs, r.outputs[0].token_ids) for r in res]
     if asked is not None:
@@ -179,7 +181,7 @@ def _chat(llm, run: dict, is_pop: bool, SamplingParams) -> dict:
         tokens.append(list(r.outputs[0].token_ids))
         cached.append(r.num_cached_tokens)
     return {"tokens": tokens, "prompts": prompts, "cached": cached,
-            "stats": llm.collective_rpc("pop_stats")[0] if is_pop else None,
+            "stats": llm.collective_rpc(STATS)[0] if is_pop else None,
             "preemptions": _preemptions(llm)}
 
 
@@ -192,17 +194,17 @@ def _switch_in_flight(llm, run: dict, SamplingParams) -> dict:
     first, after = run["prompts"], spec.get("after", [])
     for i, p in enumerate(first):
         engine.add_request(f"first-{i}", {"prompt_token_ids": p}, params)
-    stepped = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # by this caller
+    stepped = os.environ.get(MULTIPROCESSING_ENV) == "0"  # by this caller
     end, seen = time.monotonic() + 300, None
     while seen is None or seen["pruned_tokens"] == 0:  # their prefill has begun
         if time.monotonic() > end:
             raise TimeoutError("the first requests' prefill did not begin within 300 s")
         if stepped and seen is not None:
             engine.step()
-        seen = llm.collective_rpc("pop_stats")[0]
+        seen = llm.collective_rpc(STATS)[0]
     out = {"at_switch": seen}
     try:
-        out["switched"] = llm.collective_rpc("pop_set", args=(spec["set"],))
+        out["switched"] = llm.collective_rpc(SWITCH, args=(spec["set"],))
     except Exception as exc:  # refused: the requests in flight are aborted, the job goes on
         out["error"] = one_line(exc)
         engine.abort_request([f"first-{i}" for i in range(len(first))])
@@ -218,7 +220,7 @@ def _switch_in_flight(llm, run: dict, SamplingParams) -> dict:
     res = [done[r] for r in order]
     out.update(tokens=[list(r.outputs[0].token_ids) for r in res],
                cached=[r.num_cached_tokens for r in res],
-               stats=llm.collective_rpc("pop_stats")[0])
+               stats=llm.collective_rpc(STATS)[0])
     if run.get("logprobs") is not None:
         out["logprobs"] = [_own(r.outputs[0].logprobs, r.outputs[0].token_ids) for r in res]
     return out

@@ -10,6 +10,20 @@ import os
 from pathlib import Path
 
 
+# The plugin's worker methods, called by name through LLM.collective_rpc (pop_vllm/control.py)
+# or the control route; SWITCH changes the run setting (pop_vllm/switch.py drains first).
+SWITCH = "pop_set"
+STATS = "pop_stats"
+RESET_STATS = "pop_reset_stats"
+FORWARD_SECONDS = "pop_forward_seconds"
+KV_STATS = "pop_kv_stats"
+CONTROL_METHODS = (SWITCH, STATS, RESET_STATS, FORWARD_SECONDS, KV_STATS)
+
+# vLLM environment names read outside engine_env() (the driver, the server's command line).
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # each rank's cores
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": the engine core in this process
+DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # vLLM's unguarded development routes: never passed on
+
 # The run-time control route (pop_vllm.guards): the secret comes to the engine in its environment
 # (readable only by the user who started it, unlike the command line), never in a log or a command.
 CONTROL_TOKEN_ENV = "POP_VLLM_CONTROL_TOKEN"
@@ -53,8 +67,15 @@ def engine_env(cache_root: str | Path, kv_cache_gib: int = 1, threads: int | Non
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     if world_size > 1 or cpus:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = rank_cpus(world_size, cpus or None)
+        env[BIND_ENV] = rank_cpus(world_size, cpus or None)
     return env
+
+
+# What engine_env() may set: the environment a shown command line needs to be the same engine.
+ENGINE_ENV_NAMES = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_HOST_IP", "HF_HUB_OFFLINE",
+                    "TRANSFORMERS_OFFLINE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CACHE_ROOT",
+                    "TORCHINDUCTOR_CACHE_DIR", "HF_HOME", "VLLM_USE_V2_MODEL_RUNNER",
+                    "OMP_NUM_THREADS", BIND_ENV)
 
 
 def apply(cache_root: str | Path, **kw) -> None:

@@ -7,7 +7,7 @@ with VLLM_SERVER_DEV_MODE=1 and then answer anyone who can reach the port, i.e. 
 POP Lab never sets it. Instead:
 
 - POST CONTROL_ROUTE {"method": "pop_set" | "pop_stats" | ..., "args": [...]} runs one of the
-  plugin's worker methods (control.METHODS, nothing else) on every worker. It needs
+  plugin's worker methods (engine_env.CONTROL_METHODS, nothing else) on every worker. It needs
   `Authorization: Bearer <secret>`, the secret given in the engine's environment
   (CONTROL_TOKEN_ENV; /proc/PID/environ is readable by its owner only). Without a secret in the
   environment the route is off (403).
@@ -24,7 +24,7 @@ import hmac
 import json
 import os
 
-from .control import METHODS
+from .engine_env import CONTROL_METHODS as METHODS
 from .engine_env import CONTROL_ROUTE, CONTROL_TOKEN_ENV
 
 MAX_BODY = 64 * 1024  # a switch is a skip list, a variant and a path

@@ -39,12 +39,9 @@ def register() -> None:
         if pop_arch not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(pop_arch, f"pop_vllm.models:{pop_arch}")
     _register_config_checks()
-    from . import control, prefix, step, switch
+    from .patching import install
 
-    step.install()
-    control.install()
-    prefix.install()  # block hashes carry the POP settings: prefix caching stays exact
-    switch.install()  # settings pinned per request; a run-time switch drains first
+    install()  # every replaced or added vLLM attribute: the table in patches.py
 
 
 def check_config(vllm_config) -> None:

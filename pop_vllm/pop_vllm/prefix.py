@@ -139,19 +139,12 @@ def extra_key(request, start: int, end: int):
     return ("pop", key[0]) if path is None else ("pop", key[0], path)
 
 
-def install() -> None:
-    """Wrap the block hasher's extra keys, once per process (the engine core's own hooks, which
+def wrap_extra_keys(extra):
+    """The block hasher's extra keys with POP's (patches.py; the engine core's own hooks, which
     configure and pin, are switch.py's)."""
-    from vllm.v1.core import kv_cache_utils
-
-    extra = kv_cache_utils.generate_block_hash_extra_keys
-    if getattr(extra, "_pop_wrapped", False):
-        return
-
     def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
         keys, mm_idx = extra(request, start_token_idx, end_token_idx, start_mm_idx)
         pop = extra_key(request, start_token_idx, end_token_idx)
         return (keys if pop is None else (keys or ()) + (pop,)), mm_idx
 
-    generate_block_hash_extra_keys._pop_wrapped = True
-    kv_cache_utils.generate_block_hash_extra_keys = generate_block_hash_extra_keys
+    return generate_block_hash_extra_keys

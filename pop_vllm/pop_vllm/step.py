@@ -45,21 +45,18 @@ def current() -> StepFacts | None:
     return _current
 
 
-def install() -> None:
-    """Wrap the two runner methods once per process (plugins load several times)."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    from vllm.v1.worker.utils import AttentionGroup
-
-    if getattr(GPUModelRunner._model_forward, "_pop_wrapped", False):
-        return
-    forward = GPUModelRunner._model_forward
-    build = AttentionGroup.build_metadata
-
+def wrap_build_metadata(build):
+    """AttentionGroup.build_metadata keeping the step's common metadata (patches.py)."""
     def build_metadata(self, common_attn_metadata, ubatch_idx: int = 0, *args, **kwargs):
         if ubatch_idx == 0:
             _groups[id(self)] = (self, common_attn_metadata)
         return build(self, common_attn_metadata, ubatch_idx, *args, **kwargs)
 
+    return build_metadata
+
+
+def wrap_model_forward(forward):
+    """GPUModelRunner._model_forward recording the step's facts (patches.py)."""
     def model_forward(self, *args, **kwargs):
         global _current
         batch = self.input_batch
@@ -77,10 +74,7 @@ def install() -> None:
             _current = None
             _groups.clear()
 
-    build_metadata._pop_wrapped = True
-    model_forward._pop_wrapped = True
-    AttentionGroup.build_metadata = build_metadata
-    GPUModelRunner._model_forward = model_forward
+    return model_forward
 
 
 def _wants_prompt_logprobs(requests: dict, req_ids) -> np.ndarray:

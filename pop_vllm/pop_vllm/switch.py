@@ -30,6 +30,7 @@ from typing import Callable
 
 from . import prefix
 from . import settings as pop_settings
+from .engine_env import SWITCH
 from .run_setting import RunSetting
 
 
@@ -137,18 +138,9 @@ def _drains(core) -> bool:
     return isinstance(core, EngineCoreProc)
 
 
-def install() -> None:
-    """Wrap the scheduler's start and schedule, the engine core's add_request, collective_rpc
-    and step, once per process."""
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.engine.core import EngineCore, EngineCoreProc
+# The engine core's hooks (patches.py): each builds a replacement from vLLM's original.
 
-    if getattr(Scheduler.schedule, "_pop_wrapped", False):
-        return
-    init, add = Scheduler.__init__, EngineCore.add_request
-    rpc, schedule, step = (EngineCore.collective_rpc, Scheduler.schedule,
-                           EngineCoreProc._process_engine_step)
-
+def wrap_scheduler_init(init):
     def scheduler_init(self, vllm_config, *args, **kwargs):
         # The scheduler is built in the engine core after the plugins load (EngineCore.__init__
         # loads them itself, too late to wrap it): the engine's own settings start here.
@@ -156,15 +148,27 @@ def install() -> None:
         reset()
         init(self, vllm_config, *args, **kwargs)
 
+    return scheduler_init
+
+
+def wrap_add_request(add):
     def add_request(self, request, *args, **kwargs):
         prefix.pin(request)  # in order with switches: what it is hashed and run under
         admit(request)
         return add(self, request, *args, **kwargs)
 
+    return add_request
+
+
+def wrap_collective_rpc(rpc):
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         call = lambda: rpc(self, method, timeout, args, kwargs)  # noqa: E731
-        return switch(self, call, args, kwargs) if method == "pop_set" else call()
+        return switch(self, call, args, kwargs) if method == SWITCH else call()
 
+    return collective_rpc
+
+
+def wrap_schedule(schedule):
     def schedule_held_back(self, *args, **kwargs):
         hold = held(self.waiting)
         if hold:
@@ -175,15 +179,14 @@ def install() -> None:
             if hold:
                 self.waiting.prepend_requests(reversed(hold))
 
+    return schedule_held_back
+
+
+def wrap_engine_step(step):
     def process_engine_step(self):
         try:
             return step(self)
         finally:
             maybe_apply(self)
 
-    schedule_held_back._pop_wrapped = True
-    Scheduler.__init__ = scheduler_init
-    EngineCore.add_request = add_request
-    EngineCore.collective_rpc = collective_rpc
-    Scheduler.schedule = schedule_held_back
-    EngineCoreProc._process_engine_step = process_engine_step
+    return process_engine_step

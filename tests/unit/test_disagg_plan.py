@@ -79,7 +79,7 @@ def test_plan_pins_each_instance_and_joins_them_through_the_connector(base, tmp_
         assert engine_env(spec)["VLLM_CPU_OMP_THREADS_BIND"] == str(spec.cpus[0])
     assert topo.folder.startswith(str(tmp_path.resolve()))
     stock = disagg.plan(base, "full", (0,), (1,), 32, tmp_path).decode
-    assert stock.variant == "full" and stock.skip == () and not stock.pop
+    assert stock.setting == RunSetting.full() and not stock.pop
     cmd = command(stock, "python", 8000)
     extra = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
     assert kv_keys.producer_key(extra)[1] == "pop"  # a stock decode side loads POP's K/V

@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_PURE = {"pop_vllm", "pop_vllm.variants", "pop_vllm.plan", "pop_vllm.settings",
                "pop_vllm.run_setting", "pop_vllm.healing", "pop_vllm.precision", "pop_vllm.errors",
-               "pop_vllm.engine_env", "pop_vllm.stats", "pop_vllm.kv_keys", "pop_vllm.ranges"}
+               "pop_vllm.engine_env", "pop_vllm.stats", "pop_vllm.kv_keys", "pop_vllm.ranges",
+               "pop_vllm.patches"}
 # From the bottom up; a module may import its own layer and the ones below it.
 LAYERS = [
     PLUGIN_PURE,
