@@ -27,6 +27,9 @@ import numpy as np
 
 from pop_analysis.speed.procs import cpu_seconds, descendants
 
+# Two speedup figures within 2% of each other tell the same story (medians_disagree).
+MEDIANS_TOLERANCE = 0.02
+
 MAX_ROUNDS = 50  # the most rounds anyone may ask for (beyond this, ask for a longer budget)
 MAX_BUDGET_S = 3600.0  # the longest timing budget accepted
 LOCK_WAIT_S = 1e-3  # a lock acquisition slower than this counts as contended
@@ -129,6 +132,8 @@ class Timing:
         different stories (the latter outside the rounds' IQR, or on the other side of 1.0), or
         None. A page showing both figures must not show the first plain then."""
         of_medians = self.full_median_ms / self.variant_median_ms
+        if abs(of_medians - self.speedup) <= MEDIANS_TOLERANCE * self.speedup:
+            return None  # e.g. 1.34x against 1.36x: one story, however tight the rounds' IQR
         if (of_medians - 1) * (self.speedup - 1) < 0 or not self.low <= of_medians <= self.high:
             return (f"the median TTFTs give {of_medians:.2f}×, outside the rounds' IQR "
                     f"{self.low:.2f}–{self.high:.2f}×")
