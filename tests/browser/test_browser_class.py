@@ -111,3 +111,30 @@ def test_a_class_on_a_fresh_store(server, browser_page):
     assert "Traceback" not in page.content()
     (SHOTS / "class_perf.json").write_text(json.dumps(perf, indent=1))
     print(json.dumps(perf, indent=1))
+
+
+# The clock's dotted first-token marks (shapes: the full model's first, then POP's), read from the
+# figure the page drew.
+FIRST_TOKENS = """() => {
+  const clock = [...document.querySelectorAll('.js-plotly-plot')]
+    .find(p => (p.layout?.title?.text || '').startsWith('One clock'));
+  const s = clock?.layout?.shapes;
+  return s && s.length === 2 ? {full: s[0].x0, pop: s[1].x0} : null;
+}"""
+
+
+def test_the_shipped_step_throughs_show_pops_first_token_earlier(server, browser_page):
+    """The lesson on the clock of each embedded model's stored example: POP's first token comes
+    before the full model's."""
+    page = browser_page
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    page.goto(server["url"] + "/stepthrough")
+    for name, label in (("smollm2-135m", "SmolLM2-135M"), ("gemma3-270m", "Gemma-3-270M")):
+        if name.startswith("gemma"):
+            radio = page.get_by_text(f"Embedded ({label}, offline)")
+            rerun(page, radio.click, f"switching to {label}")
+        visible(page, page.get_by_text(f"Stored example: {name}").first,
+                f"the stored example of {name}", timeout_s=180)
+        marks = wait_for(page, f"the clock of {name}", FIRST_TOKENS)
+        assert marks["pop"] < marks["full"], (name, marks)
+        shot(page, f"class_clock_{name}")

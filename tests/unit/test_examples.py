@@ -72,6 +72,20 @@ def test_a_changed_or_unlisted_file_is_refused_in_one_line(tmp_path):
 
 # ---------------------------------------------------------------- what the timings teach
 
+@pytest.mark.parametrize("model", sorted(REGISTRY))
+def test_the_shipped_timings_teach_the_lesson(model):
+    """No shipped ratio is flagged or above its ideal by more than the protocol's margin, and the
+    step-through's clock shows POP's first token before the full model's."""
+    from pop_analysis.speed.example_timings import problems
+
+    for kind in ("stepthrough", "generation", "sweep"):
+        got = ex.load_example(model, kind)
+        assert got is not None
+        assert problems(kind, got.payload) == [], (model, kind, got.label["command"])
+    t = ex.load_example(model, "stepthrough").payload["ttft"]
+    assert t["pop_ms"] < t["full_ms"] and "clock" in t
+
+
 def _shipped(kind: str) -> dict:
     return json.loads(ex.example_path("gemma3-270m", kind).read_text())["payload"]
 
