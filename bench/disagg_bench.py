@@ -71,13 +71,13 @@ def _spec(args, **kw):
 
 def _measure(args, sides, spec_load, names, pids, tokenizer) -> dict:
     """serve_bench over the two Targets, the row's full/pop keys renamed to `names`."""
-    from pop_analysis.serving.bench import serve_bench
+    from pop_analysis.serving.bench import Client, serve_bench
     from pop_analysis.serving.loadgen import LoadGenerator
     from pop_analysis.store.paths import cache_dir
 
     with LoadGenerator(cache_dir() / "serving" / "disagg_loadgen.log") as gen:
-        (row,) = serve_bench(*sides, gen, args.model, tokenizer, [spec_load], rounds=args.rounds,
-                             own_pids=lambda: pids() + [gen.proc.pid])
+        client = Client(gen, args.model, tokenizer, lambda: pids() + [gen.proc.pid])
+        (row,) = serve_bench(*sides, client, [spec_load], rounds=args.rounds)
     rename = {"full": names[0], "pop": names[1]}
     return {_renamed(k, rename): v for k, v in row.items()}
 

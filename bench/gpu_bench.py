@@ -30,6 +30,7 @@ from pop_analysis.engine.pop import left_pad, run_prompt
 from pop_analysis.engine.skipset import last_block
 from pop_analysis.experiments.paper import table2_speedups
 from pop_analysis.speed.bench import bench_length
+from pop_analysis.speed.timing import TimingConfig
 from pop_vllm.run_setting import RunSetting
 
 from bench_results import RawFile
@@ -131,8 +132,8 @@ def run_spec(spec: Spec, args, device: str, dtype: torch.dtype, report: dict, sa
             if time.perf_counter() - report["_t0"] > args.max_seconds:
                 entry["rows"].append({"batch": batch, "length": length, "skipped": "time budget"})
                 continue
-            row = bench_length(lm, length, skip, repeats=args.repeats, budget_s=args.timing_budget,
-                               batch=batch).as_dict()
+            cfg = TimingConfig(min_rounds=args.repeats, budget_s=args.timing_budget)
+            row = bench_length(lm, length, skip, cfg, batch=batch).as_dict()
             row["batch"] = batch
             row["paper_speedup_batch8"] = PAPER_TABLE2.get(spec.name, {}).get(length)
             entry["rows"].append(row)

@@ -38,7 +38,7 @@ from pop_analysis.engine.skipset import describe, resolve
 from pop_analysis.quality.metrics import agreement
 from pop_analysis.quality.retrieval import RetrievalConfig, retrieval_items
 from pop_analysis.quality.stats import mean_ci, paired_delta, proportion_ci
-from pop_analysis.speed.timing import TimingConfig, judge, other_cpu_seconds
+from pop_analysis.speed.timing import Contention, TimingConfig, judge, other_cpu_seconds
 from pop_vllm.healing import make
 from pop_vllm.run_setting import RunSetting
 
@@ -229,7 +229,7 @@ def timing(args, lm, skip) -> None:
 
         def cmp(base, metric, ph=ph, heal_name=heal_name):
             t = judge([p[metric] for p in ph[base]], [p[metric] for p in ph[heal_name]], first, cfg,
-                      other, None, torch.get_num_threads(), os.cpu_count() or 1)
+                      Contention(other, torch.get_num_threads(), os.cpu_count() or 1))
             return {"ratio": t.speedup, "iqr": [t.low, t.high], "flag": t.note,
                     f"{base}_ms": float(np.median([p[metric] for p in ph[base]]) * 1e3),
                     "heal_ms": float(np.median([p[metric] for p in ph[heal_name]]) * 1e3)}

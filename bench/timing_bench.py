@@ -185,7 +185,7 @@ def part_shares(lm, budget: float) -> dict:
     rows = []
     for n in (32, 128, 512, 2048):
         quiet = wait_quiet(QUIET_WAIT)
-        rows.append({**bench_length(lm, n, PAPER_SKIP, 3, budget).as_dict(),
+        rows.append({**bench_length(lm, n, PAPER_SKIP, TimingConfig(min_rounds=3, budget_s=budget)).as_dict(),
                      "other_cores_before": quiet})
     return {"rows": rows}
 

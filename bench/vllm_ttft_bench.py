@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 from pop_vllm.engine_env import FORWARD_SECONDS, STATS, SWITCH
@@ -75,6 +74,7 @@ def main(argv=None) -> int:
     from vllm import LLM, SamplingParams
 
     from pop_analysis.speed.timing import (
+        Machine,
         TimingConfig,
         measure,
         other_cpu_seconds_but_ours,
@@ -92,7 +92,10 @@ def main(argv=None) -> int:
     start_s = time.perf_counter() - t0
     try:
         # the engine's worker and core are our child processes: their CPU is ours, not another's
-        timed = partial(measure, probe=other_cpu_seconds_but_ours)
+        def timed(full, variant, cfg, clock, ideal=None):
+            machine = Machine(clock=clock, probe=other_cpu_seconds_but_ours, threads=args.threads)
+            return measure(full, variant, cfg, machine=machine, ideal=ideal)
+
         return _bench(args, llm, start_s, save, SamplingParams, TimingConfig, timed)
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -131,21 +134,19 @@ def _bench(args, llm, start_s, save, SamplingParams, TimingConfig, measure) -> i
     for n in args.lengths:
         ids = _prompt(n, seed=n)
         ideal = _flop_ideal(n)  # a ratio above it (beyond the protocol's margin) is flagged
-        t = measure(lambda: gen("full", ids, 1), lambda: gen("pop", ids, 1), cfg, clock=clock,
-                    threads=args.threads, ideal=ideal)
+        t = measure(lambda: gen("full", ids, 1), lambda: gen("pop", ids, 1), cfg, clock,
+                    ideal=ideal)
         rows.append(dict(_row("ttft", n, t), flop_ideal=round(ideal, 4)))
         _print("ttft", n, t)
         t = measure(lambda: gen("full", ids, 1), lambda: gen("pop", ids, 1), cfg,
-                    clock=lambda: llm.collective_rpc(FORWARD_SECONDS)[0], threads=args.threads,
-                    ideal=ideal)
+                    lambda: llm.collective_rpc(FORWARD_SECONDS)[0], ideal=ideal)
         rows.append(dict(_row("forward", n, t), flop_ideal=round(ideal, 4)))
         _print("forward", n, t)
     if not args.no_decode:
         ids = _prompt(128, seed=1)
 
         t = measure(lambda: _decode_only(clock, gen, "full", ids),
-                    lambda: _decode_only(clock, gen, "pop", ids), cfg, clock=clock,
-                    threads=args.threads)
+                    lambda: _decode_only(clock, gen, "pop", ids), cfg, clock)
         row = _row("decode", 128, t)
         row["decode_tok_s_full"] = round(64 / (t.full_median_ms / 1e3), 2)
         row["decode_tok_s_pop"] = round(64 / (t.variant_median_ms / 1e3), 2)

@@ -97,11 +97,12 @@ influence = t[2].toggle("Block influence overlay", key=state.kept("cal.influence
                         help="ShortGPT's 1 − cos(layer input, output), on the right axis")
 overlays = cached.calibration_overlays(state.value("cal.overlay", []), labels)
 skip = state.skip_for(n) if res.n_layers == n else ()
+view = calibrate_charts.ImportanceView(log=log, bands=bands, skip=tuple(skip),
+                                      overlays=tuple(overlays or ()),
+                                      block_influence=res.block_influence if influence else None)
 fig = calibrate_charts.importance_chart(res.prefill, res.decode,
                                        mean_halfwidths(res.prefill_std, res.n_samples),
-                                       mean_halfwidths(res.decode_std, res.n_samples),
-                              log=log, bands=bands, skip=skip, overlays=overlays,
-                              block_influence=res.block_influence if influence else None)
+                                       mean_halfwidths(res.decode_std, res.n_samples), view)
 presenter.plot(fig, key="cal.chart")
 if overlays:
     st.caption(f"Overlaid: {len(overlays)} stored calibration(s), dotted = prefill, dashed = decode.")

@@ -2,6 +2,8 @@
 (pure plotly, no streamlit, no model)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import plotly.graph_objects as go
 
 from dashboard.charts.axes import FLOOR_MARK, TICKS, clip_to_floor, log_floor
@@ -16,20 +18,34 @@ from dashboard.charts.style import (
 )
 
 
-def importance_chart(prefill, decode, prefill_band=None, decode_band=None, log: bool = True,
-                     bands: bool = True, block_influence: dict | None = None, skip=(),
-                     overlays: list[dict] | None = None,
-                     band_name: str = "95% interval") -> go.Figure:
+@dataclass(frozen=True)
+class ImportanceView:
+    """How the importance chart is drawn: the page's toggles and what it lays over the curves.
+
+    overlays: other calibrations ({"label", "prefill", "decode"}) drawn as thin dotted lines;
+    block_influence: ShortGPT's score per stage on a right axis; skip: layers shaded.
+    """
+
+    log: bool = True
+    bands: bool = True
+    block_influence: dict | None = None
+    skip: tuple = ()
+    overlays: tuple = ()
+    band_name: str = "95% interval"
+
+
+def importance_chart(prefill, decode, prefill_band=None, decode_band=None,
+                     view: ImportanceView = ImportanceView()) -> go.Figure:
     """Prefill vs decode importance per layer (mean of (dL/dg)^2), with bands of the given
     half-widths around the means (the 95% interval of each mean: a ±1 std band over samples
     covered most of a log axis and hid the curves).
 
-    overlays: other calibrations ({"label", "prefill", "decode"}) drawn as thin dotted lines.
     On a log axis a zero cannot be drawn: it is drawn at a floor a decade below the smallest
     positive value, with a down-triangle, and the legend says so. Bands never go below zero.
     """
+    log, bands, block_influence = view.log, view.bands, view.block_influence
     x = list(range(len(prefill)))
-    overlays = overlays or []
+    overlays = list(view.overlays or [])
     floor = log_floor(prefill, decode, *[o[s] for o in overlays for s in ("prefill", "decode")]) \
         if log else None
     fig = go.Figure()
@@ -43,7 +59,7 @@ def importance_chart(prefill, decode, prefill_band=None, decode_band=None, log: 
             hi = [max(m + s, floor if log and floor else 0.0) for m, s in zip(mean, std)]
             fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", line_width=0,
                                      fillcolor=alpha(colour, 0.18), hoverinfo="skip",
-                                     name=f"{name} {band_name}", showlegend=True))
+                                     name=f"{name} {view.band_name}", showlegend=True))
         fig.add_trace(go.Scatter(x=x, y=shown, mode="lines+markers", name=f"{name} importance",
                                  line=dict(color=colour, width=2), customdata=mean,
                                  hovertemplate="layer %{x}: %{customdata:.3g}<extra></extra>",
@@ -71,7 +87,7 @@ def importance_chart(prefill, decode, prefill_band=None, decode_band=None, log: 
         fig.update_layout(yaxis2=dict(title="block influence (1 − cos)", overlaying="y",
                                       side="right", showgrid=False, type="linear",
                                       rangemode="tozero", tickformat=TICKS))
-    shade_layers(fig, skip)
+    shade_layers(fig, view.skip)
     fig.update_layout(yaxis=dict(type="log" if log else "linear", exponentformat="power",
                                  title="importance E[(dL/dg)²]" + (" (log)" if log else ""),
                                  rangemode="normal" if log else "tozero"))

@@ -36,16 +36,18 @@ def form(lm: LoadedModel) -> None:
         go = st.button("Rank the layers", type="primary", key="imp.go",
                        disabled=picked is None or jobs.running(JOB) or widgets.refused())
         if go and picked is not None:
-            _start(lm, picked, methods, int(n), int(tokens), raw, use_cache, now)
+            fields = {"methods": tuple(m for m in METHODS if m in methods), "n_samples": int(n),
+                      "new_tokens": int(tokens), "raw": raw}
+            _start(lm, picked, fields, use_cache, now)
         jobs.panel(JOB)
 
 
-def _start(lm: LoadedModel, picked, methods, n, tokens, raw, use_cache, now) -> None:
+def _start(lm: LoadedModel, picked, fields: dict, use_cache, now) -> None:
+    """fields: the form's ImportanceConfig fields (checked here, so a bad one is one line)."""
     source, field, label = picked
     try:
-        cfg = mr.ImportanceConfig(methods=tuple(m for m in METHODS if m in methods), n_samples=n,
-                                  new_tokens=tokens, raw=raw)
-        prompts = cached.prompt_set(source, field, n)
+        cfg = mr.ImportanceConfig(**fields)
+        prompts = cached.prompt_set(source, field, cfg.n_samples)
     except DatasetError as e:
         st.error(f"Cannot read the prompts: {e}")
         return

@@ -230,13 +230,14 @@ def _generation(lm) -> None:
     # token and the kept layers dominate), at a few hundred it is the lesson's size.
     from pop_analysis.data.example_prompts import LONG
     from pop_analysis.engine.generate import SamplingConfig, encode
-    from pop_analysis.inspection.side_by_side import cached_generation
+    from pop_analysis.inspection.side_by_side import Caption, cached_generation
 
     ids = encode(lm, LONG, raw=_raw(lm))
     settings = {"prompt": LONG, "variant": "POP", "decoding": "greedy", "new tokens": 32,
                 "raw": _raw(lm)}
-    cached_generation(lm, LONG, ids, RunSetting(_skip(lm)), SamplingConfig(max_new_tokens=32),
-                      "POP (independent KV + boundary)", "POP", settings, use_cache=False)
+    caption = Caption(LONG, "POP (independent KV + boundary)", "POP", settings)
+    cached_generation(lm, ids, RunSetting(_skip(lm)), SamplingConfig(max_new_tokens=32), caption,
+                      use_cache=False)
 
 
 def _stepthrough(lm) -> None:

@@ -28,6 +28,14 @@ SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 
 
 @dataclass(frozen=True)
+class PromptOrigin:
+    """Where prompts handed over as token ids came from, as a stored result records it."""
+
+    dataset: str = "token ids"  # the set's name ("builtin", a file, "hf:NAME:split")
+    fingerprint: str = ""  # of the prompts used (empty: not known)
+
+
+@dataclass(frozen=True)
 class PromptSet:
     """An ordered set of prompt texts and a fingerprint of them (for cache keys)."""
 

@@ -105,7 +105,7 @@ class Healer:
         pad = self._pad(b)  # (B, b) or None
         pos = self.adapter.positions(a, n, h.shape[0], pad)  # (B, n)
         layers = range(self.first_layer, self.adapter.n_layers)
-        run_layers(self.adapter, h, pos, self.scratch, (), None, pad, layers)
+        run_layers(self.adapter, h, pos, self.scratch, pad, layers)
         for i in layers:
             self._write_back(i, a, b)
         self.done = b
@@ -165,9 +165,9 @@ class Healer:
         pad = padding(mask, ids.shape[0], position + 1)  # (B, position+1) or None
         h = ad.embed(ids)  # (B, 1, D)
         pos = ad.positions(position, 1, ids.shape[0], pad)  # (B, 1)
-        h = run_layers(ad, h, pos, self.cache, (), None, pad, range(self.first_layer))
+        h = run_layers(ad, h, pos, self.cache, pad, range(self.first_layer))
         self.queue.append(h)
-        h = run_layers(ad, h, pos, self.cache, (), None, pad, range(self.first_layer, ad.n_layers))
+        h = run_layers(ad, h, pos, self.cache, pad, range(self.first_layer, ad.n_layers))
         return ad.logits(h)[:, -1, :].float()  # (B, V)
 
     def report(self) -> dict:

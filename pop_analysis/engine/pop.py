@@ -15,7 +15,7 @@ every layer's K/V for the whole run. A run's skip set and variant come as one ch
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -78,29 +78,48 @@ def check_prompt(adapter: DecoderAdapter, n_prompt: int, max_new_tokens: int = 0
                           f"model's context of {limit} tokens")
 
 
-@torch.inference_mode()
-def prefill(adapter: DecoderAdapter, ids: torch.Tensor, cache, skip=(), skip_mode=None,
-            start: int = 0, attention_mask: torch.Tensor | None = None,
-            twins=None) -> torch.Tensor:
-    """Run positions start..start+T-1 through the stack; return the last hidden state (B, 1, D).
+@dataclass(frozen=True)
+class LayerPlan:
+    """What one pass through the stack does with each layer (the skip set, its mode and the
+    int8 copies always travel together from a setting down to the layer loop).
 
-    skip_mode (a SkipMode) for layers in `skip`: None runs them in full, KV writes the independent
+    mode (a SkipMode) for layers in `skip`: None runs them in full, KV writes the independent
     K/V projection of the incoming hidden state and passes it through, REPAIR does the same with
     the fitted projections registered for `skip` (see `repair_maps`), DROP does nothing.
-    attention_mask (B, start+T), 1 = real token, 0 = left padding, covers every position so far;
-    None means no padding. `twins` {layer: int8 copy} run in those layers' place.
+    `twins` {layer: int8 copy} run in those layers' place.
     """
-    h = _stack(adapter, ids, cache, skip, skip_mode, start, attention_mask, twins)  # (B, T, D)
+
+    skip: tuple = ()
+    mode: SkipMode | None = None
+    twins: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @classmethod
+    def dropping(cls, drop=(), twins=None) -> "LayerPlan":
+        """Decode's plan: `drop` removed (the static variant), every other layer in full."""
+        return cls(drop, SkipMode.DROP if drop else None, twins or {})
+
+
+FULL_STACK = LayerPlan()  # every layer in full, in fp32
+
+
+@torch.inference_mode()
+def prefill(adapter: DecoderAdapter, ids: torch.Tensor, cache, plan: LayerPlan = FULL_STACK,
+            start: int = 0, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Run positions start..start+T-1 through the stack; return the last hidden state (B, 1, D).
+
+    attention_mask (B, start+T), 1 = real token, 0 = left padding, covers every position so far;
+    None means no padding.
+    """
+    h = _stack(adapter, ids, cache, plan, start, attention_mask)  # (B, T, D)
     return h[:, -1:, :]  # (B, 1, D)
 
 
-def _stack(adapter: DecoderAdapter, ids, cache, skip, skip_mode, start,
-           attention_mask=None, twins=None) -> torch.Tensor:
+def _stack(adapter: DecoderAdapter, ids, cache, plan: LayerPlan, start,
+           attention_mask=None) -> torch.Tensor:
     """The layer loop shared by prefill and teacher forcing; returns every position (B, T, D)."""
     pad = padding(attention_mask, ids.shape[0], start + ids.shape[1])  # (B, start+T) or None
     h, pos = _embed(adapter, ids, start, pad)  # (B, T, D), (B, T)
-    return run_layers(adapter, h, pos, cache, skip, skip_mode, pad, range(adapter.n_layers),
-                      twins)
+    return run_layers(adapter, h, pos, cache, pad, range(adapter.n_layers), plan)
 
 
 def _embed(adapter: DecoderAdapter, ids, start, pad):
@@ -108,20 +127,20 @@ def _embed(adapter: DecoderAdapter, ids, start, pad):
     return h, adapter.positions(start, ids.shape[1], ids.shape[0], pad)  # (B, T)
 
 
-def run_layers(adapter: DecoderAdapter, h, pos, cache, skip, skip_mode, pad, layers,
-               twins=None) -> torch.Tensor:
-    """Run `layers` over the chunk h (B, T, D) at positions pos (B, T); returns (B, T, D).
-    Each layer attends to what `cache` holds for it and appends the chunk's K/V (healing runs
-    layers f..L-1 this way over a cache of its own). `twins` {layer: module} runs those layers
-    through another copy (int8 precision, int8.py).
+def run_layers(adapter: DecoderAdapter, h, pos, cache, pad, layers,
+               plan: LayerPlan = FULL_STACK) -> torch.Tensor:
+    """Run `layers` over the chunk h (B, T, D) at positions pos (B, T) with padding pad; returns
+    (B, T, D). Each layer attends to what `cache` holds for it and appends the chunk's K/V
+    (healing runs layers f..L-1 this way over a cache of its own). The plan's twins run their
+    layers through another copy (int8 precision, int8.py).
 
     Each layer builds its own mask (cache lengths and sliding windows differ per layer) and
     receives h on its own device (a device_map may split the stack).
     """
-    maps = repair_maps(adapter, skip).maps if skip_mode == SkipMode.REPAIR else {}
-    skip = frozenset(skip) if skip_mode else frozenset()
+    skip_mode, twins = plan.mode, plan.twins or {}
+    maps = repair_maps(adapter, plan.skip).maps if skip_mode == SkipMode.REPAIR else {}
+    skip = frozenset(plan.skip) if skip_mode else frozenset()
     rope = adapter.rotary(h, pos)  # cos, sin: (B, T, Dh) (per layer type on Gemma-3)
-    twins = twins or {}
     for i in layers:
         if i not in skip:
             mask = adapter.layer_mask(i, cache, h.shape[1], pad)  # (B|1, 1, T, S+T) or None
@@ -164,8 +183,8 @@ def teacher_force(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: i
     Returns float logits for every fed position (B, T, V): logits[:, t] predicts token t+1.
     attention_mask: (B, position+T) padding mask, as in `prefill`.
     """
-    h = _stack(adapter, ids, cache, drop, SkipMode.DROP if drop else None, position,
-               attention_mask, twins)  # (B, T, D)
+    h = _stack(adapter, ids, cache, LayerPlan.dropping(drop, twins), position,
+               attention_mask)  # (B, T, D)
     return adapter.logits(h).float()  # (B, T, V)
 
 
@@ -177,8 +196,8 @@ def decode_step(adapter: DecoderAdapter, ids: torch.Tensor, cache, position: int
     attention_mask: (B, position+1) padding mask, as in `prefill`; `twins` only for the uniform
     int8 baseline (decode is otherwise always the original fp32 layers).
     """
-    h = prefill(adapter, ids, cache, skip=drop, skip_mode=SkipMode.DROP if drop else None, start=position,
-                attention_mask=attention_mask, twins=twins)
+    h = prefill(adapter, ids, cache, LayerPlan.dropping(drop, twins), start=position,
+                attention_mask=attention_mask)
     return adapter.logits(h)[:, -1, :].float()  # (B, V)
 
 
@@ -221,16 +240,15 @@ def run_prompt(adapter: DecoderAdapter, ids: torch.Tensor, setting: RunSetting, 
     _stage(counts, "prefill")
     uniform = precision.decode_int8  # int8 for x_N too (a baseline)
     if uniform or (not setting.boundary and not twins):  # int8 prompt layers: x_N apart
-        h = prefill(adapter, ids, cache, setting.skip, setting.skip_mode, attention_mask=am,
-                    twins=twins)  # all N positions
+        h = prefill(adapter, ids, cache, LayerPlan(setting.skip, setting.skip_mode, twins),
+                    attention_mask=am)  # all N positions
         logits = adapter.logits(h)[:, -1, :].float()  # (B, V)
         return FirstStep(logits, cache, n, am)
-    logits, trunk = _pruned_prompt(adapter, ids, cache, setting, am, counts, twins)
+    logits, trunk = _pruned_prompt(adapter, ids, cache, setting, am, counts)
     return FirstStep(logits, cache, n, am, trunk if keep_trunk else None)
 
 
-def _pruned_prompt(adapter: DecoderAdapter, ids, cache, setting: RunSetting, am, counts,
-                   twins=None):
+def _pruned_prompt(adapter: DecoderAdapter, ids, cache, setting: RunSetting, am, counts):
     """POP's prompt: x_1..x_{N-1} through the pruned stack, x_N through the full one. Returns
     the first token's logits (B, V) and the hidden states entering the first skipped layer.
 
@@ -242,27 +260,30 @@ def _pruned_prompt(adapter: DecoderAdapter, ids, cache, setting: RunSetting, am,
     first = setting.first_changed(adapter.n_layers)
     pad = padding(am, ids.shape[0], ids.shape[1])  # (B, N) or None
     h, pos = _embed(adapter, ids, 0, pad)  # (B, N, D), (B, N)
-    h = run_layers(adapter, h, pos, cache, (), None, pad, range(first))  # shared trunk, all N
-    return prompt_above(adapter, h, pos, pad, cache, setting, first, counts, twins), h
+    h = run_layers(adapter, h, pos, cache, pad, range(first))  # shared trunk, all N
+    return prompt_above(adapter, h, pad, cache, setting, first, counts), h
 
 
-def prompt_above(adapter: DecoderAdapter, h, pos, pad, cache, setting: RunSetting, start: int,
-                 counts=None, twins=None) -> torch.Tensor:
-    """Layers start..L-1 of a prompt from the hidden states entering layer `start` (B, N, D);
-    logits of the first new token (B, V). With POP's boundary, x_1..x_{N-1} take the pruned stack
-    and x_N the full one; without, all N take the pruned stack. Any start up to min(skip) gives
-    the same result: below it every variant computes what the full model does. `twins` (int8
-    copies) run their layers for the pruned positions only: x_N takes the full stack."""
+def prompt_above(adapter: DecoderAdapter, h, pad, cache, setting: RunSetting, start: int,
+                 counts=None) -> torch.Tensor:
+    """Layers start..L-1 of a prompt from the hidden states entering layer `start` (B, N, D)
+    with its padding pad (B, N) or None; logits of the first new token (B, V). With POP's
+    boundary, x_1..x_{N-1} take the pruned stack and x_N the full one; without, all N take the
+    pruned stack. Any start up to min(skip) gives the same result: below it every variant
+    computes what the full model does. The setting's int8 copies run their layers for the pruned
+    positions only: x_N takes the full stack."""
     rest = range(start, adapter.n_layers)
-    skip, mode = setting.skip, setting.skip_mode
+    pos = adapter.positions(0, h.shape[1], h.shape[0], pad)  # (B, N): a prompt starts at 0
+    twins = int8_twins(adapter, setting.precision)  # built once per model, then looked up
+    plan = LayerPlan(setting.skip, setting.skip_mode, twins)
     if not (setting.boundary or twins):  # int8 prompt layers keep x_N in fp32: a boundary too
-        h = run_layers(adapter, h, pos, cache, skip, mode, pad, rest, twins)  # (B, N, D)
+        h = run_layers(adapter, h, pos, cache, pad, rest, plan)  # (B, N, D)
         return adapter.logits(h[:, -1:])[:, -1, :].float()  # (B, V)
     if h.shape[1] > 1:
         prompt_pad = None if pad is None else pad[:, :-1]  # (B, N-1)
-        run_layers(adapter, h[:, :-1], pos[:, :-1], cache, skip, mode, prompt_pad, rest, twins)
+        run_layers(adapter, h[:, :-1], pos[:, :-1], cache, prompt_pad, rest, plan)
     _stage(counts, "boundary")
-    h_last = run_layers(adapter, h[:, -1:], pos[:, -1:], cache, (), None, pad, rest)  # x_N in full
+    h_last = run_layers(adapter, h[:, -1:], pos[:, -1:], cache, pad, rest)  # x_N in full
     return adapter.logits(h_last)[:, -1, :].float()  # (B, V)
 
 

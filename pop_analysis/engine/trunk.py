@@ -12,10 +12,8 @@ from __future__ import annotations
 import torch
 
 from pop_analysis.engine.adapter import DecoderAdapter
-from pop_analysis.engine.pop import FirstStep, _embed, padding, prompt_above, run_layers
-from pop_analysis.engine.precision import twins as int8_twins
+from pop_analysis.engine.pop import FirstStep, LayerPlan, _embed, padding, prompt_above, run_layers
 from pop_vllm.run_setting import RunSetting
-from pop_vllm.variants import SkipMode
 
 
 def shareable(adapter: DecoderAdapter) -> bool:
@@ -39,9 +37,9 @@ def full_chunk(adapter: DecoderAdapter, ids, cache, start: int = 0, attention_ma
     h, pos = _embed(adapter, ids, start, pad)  # (B, T, D), (B, T)
     kept, done = {}, 0
     for f in sorted(set(capture)):
-        h = run_layers(adapter, h, pos, cache, (), None, pad, range(done, f))  # (B, T, D)
+        h = run_layers(adapter, h, pos, cache, pad, range(done, f))  # (B, T, D)
         kept[f], done = h, f
-    return run_layers(adapter, h, pos, cache, (), None, pad, range(done, adapter.n_layers)), kept
+    return run_layers(adapter, h, pos, cache, pad, range(done, adapter.n_layers)), kept
 
 
 @torch.inference_mode()
@@ -51,10 +49,8 @@ def prompt_from(adapter: DecoderAdapter, h, start: int, setting: RunSetting,
     cache holds layers start.. only (see `borrow_lower`)."""
     b, n = h.shape[:2]
     pad = padding(attention_mask, b, n)  # (B, N) or None
-    pos = adapter.positions(0, n, b, pad)  # (B, N)
     cache = adapter.new_cache()
-    twins = int8_twins(adapter, setting.precision)
-    logits = prompt_above(adapter, h, pos, pad, cache, setting, start, twins=twins)
+    logits = prompt_above(adapter, h, pad, cache, setting, start)
     return FirstStep(logits, cache, n, attention_mask)
 
 
@@ -66,8 +62,8 @@ def continue_from(adapter: DecoderAdapter, h, start: int, cache, position: int, 
     b, t = h.shape[:2]
     pad = padding(attention_mask, b, position + t)  # (B, position+T) or None
     pos = adapter.positions(position, t, b, pad)  # (B, T)
-    h = run_layers(adapter, h, pos, cache, drop, SkipMode.DROP if drop else None, pad,
-                range(start, adapter.n_layers))  # (B, T, D)
+    h = run_layers(adapter, h, pos, cache, pad, range(start, adapter.n_layers),
+                   LayerPlan.dropping(drop))  # (B, T, D)
     return adapter.logits(h).float()  # (B, T, V)
 
 

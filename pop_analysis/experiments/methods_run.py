@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pop_analysis.data.prompts import PromptOrigin
 from pop_analysis.engine.generate import encode
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import check_prompt
@@ -95,8 +96,8 @@ def parts_for(methods) -> list[str]:
 
 def run_importance(lm: LoadedModel, prompt_ids: list[list[int]],
                    cfg: ImportanceConfig = ImportanceConfig(), progress=None,
-                   dataset: str = "token ids", fingerprint: str = "",
-                   gate=None, cached=None) -> ImportanceResult:
+                   origin: PromptOrigin = PromptOrigin(), gate=None,
+                   cached=None) -> ImportanceResult:
     """Every method of cfg on the first cfg.n_samples prompts (token ids).
 
     gate(): the CalibrationResult to use (default: calibrate_ids on these prompts); cached(part,
@@ -108,7 +109,7 @@ def run_importance(lm: LoadedModel, prompt_ids: list[list[int]],
     for p in prompt_ids:
         check_prompt(lm.adapter, len(p), cfg.new_tokens)
     cached = cached or (lambda part, compute: (compute(), False))
-    samples, seconds, stored, tokens = {}, {}, {}, {}
+    samples, seconds, stored = {}, {}, {}
     for part in parts_for(cfg.methods):
         t0 = time.perf_counter()
         if part == "gate":
@@ -122,8 +123,7 @@ def run_importance(lm: LoadedModel, prompt_ids: list[list[int]],
         samples.update({k: v for k, v in got.items() if k.split(".")[0] in keep})
         seconds[part] = 0.0 if hit else time.perf_counter() - t0
         stored[part] = "stored" if hit else "computed"
-        tokens[part] = TOKEN_NOTES[part]
-    return _assemble(lm, cfg, prompt_ids, samples, seconds, stored, tokens, dataset, fingerprint)
+    return _assemble(lm, cfg, prompt_ids, samples, seconds, stored, origin)
 
 
 TOKEN_NOTES = {"gate": "the prompt (prefill gates: all but its last token) and a response the "
@@ -177,9 +177,12 @@ def drop_one(lm: LoadedModel, prompt_ids, new_tokens: int, progress=None) -> dic
     return {"dropone.nll": nll - full[:, None], "dropone.kl": kl}  # (n, L) each
 
 
-def _assemble(lm: LoadedModel, cfg, prompt_ids, samples, seconds, stored, tokens, dataset,
-              fp) -> ImportanceResult:
+def _assemble(lm: LoadedModel, cfg, prompt_ids, samples, seconds, stored,
+              origin: PromptOrigin) -> ImportanceResult:
+    """The result record; seconds and stored are per part (what each cost, where it came
+    from), in run order."""
     L = lm.adapter.n_layers
+    tokens = {part: TOKEN_NOTES[part] for part in seconds}  # what each part read
     tri = samples.pop("triangle", None)
     means = {}
     for key in series_keys(cfg.methods):
@@ -191,12 +194,12 @@ def _assemble(lm: LoadedModel, cfg, prompt_ids, samples, seconds, stored, tokens
             means[key] = random_scores(L, cfg.seed)
     agree = agreement(means, samples, cfg.resamples, cfg.seed)
     return ImportanceResult(
-        model=lm.name, dataset=dataset, n_samples=len(prompt_ids), n_layers=L,
+        model=lm.name, dataset=origin.dataset, n_samples=len(prompt_ids), n_layers=L,
         methods=list(cfg.methods), series=means, samples={k: v.tolist() for k, v in samples.items()},
         agreement=dataclasses.asdict(agree), seconds=seconds, config=plain(cfg),
         triangle=None if tri is None else [[None if np.isnan(x) else float(x) for x in row[:L - l]]
                                            for l, row in enumerate(tri)],
-        tokens=tokens, prompt_tokens=[len(p) for p in prompt_ids], fingerprint=fp,
+        tokens=tokens, prompt_tokens=[len(p) for p in prompt_ids], fingerprint=origin.fingerprint,
         shape=shape_record(lm.adapter.shape), stored=stored)
 
 
@@ -240,8 +243,8 @@ def cached_importance(lm: LoadedModel, prompts, cfg: ImportanceConfig = Importan
     def gate():
         return cached_calibration(lm, prompts, _cal_config(cfg), use_cache, progress, notice)
 
-    result = run_importance(lm, ids, cfg, progress, prompts.name,
-                            used_fingerprint(prompts, _cal_config(cfg)), gate, cached)
+    origin = PromptOrigin(prompts.name, used_fingerprint(prompts, _cal_config(cfg)))
+    result = run_importance(lm, ids, cfg, progress, origin, gate, cached)
     store.save_or_warn(KIND, key, result.to_dict(), params, notice)
     return result, False
 

@@ -117,24 +117,36 @@ def timing_config(cfg: SweepConfig):
         raise SweepError(str(e)) from None
 
 
-def _row(lm: LoadedModel, kind, name, setting: RunSetting, quality: dict, cfg, tracker,
-         length) -> SweepRow:
-    """One setting's quality fields (`row_quality`; {} without items) and its measured speedup
-    at `length` tokens."""
-    n_layers = lm.adapter.n_layers
-    tick = lambda: tracker.step(0, message=f"{kind}: timing {name}")  # noqa: E731
-    speed = speed_fields(lm, setting, length, timing_config(cfg), tick)
-    timed = setting.active  # the tracker plan's "timing" work
-    tracker.step(message=f"{kind}: timed {name}", kind="timing" if timed else None, weight=length)
-    q = dict(quality)
-    declared = {f.name for f in dataclasses.fields(SweepRow)}
-    nan = float("nan")
-    return SweepRow(
-        variant=name, skip_ratio=len(setting.skip) / n_layers, skip_layers=list(setting.skip),
-        **speed, continuation_nll=q.pop("continuation_nll", nan),
-        greedy_agreement=q.pop("greedy_agreement", nan), kind=kind, length=length,
-        engine_variant=str(setting.variant),
-        **{k: q.pop(k) for k in list(q) if k in declared}, intervals=q)
+@dataclass(frozen=True)
+class _Rows:
+    """What every row of one sweep shares: the model, the sweep's kind, its config (timing
+    and bench length) and its progress tracker."""
+
+    lm: LoadedModel
+    kind: str
+    cfg: SweepConfig
+    tracker: Tracker
+
+    def row(self, name, setting: RunSetting, quality: dict, length: int | None = None) -> SweepRow:
+        """One setting's quality fields (`row_quality`; {} without items) and its measured
+        speedup at `length` tokens (default: the config's bench length)."""
+        kind, tracker = self.kind, self.tracker
+        length = self.cfg.bench_tokens if length is None else length
+        tick = lambda: tracker.step(0, message=f"{kind}: timing {name}")  # noqa: E731
+        speed = speed_fields(self.lm, setting, length, timing_config(self.cfg), tick)
+        timed = setting.active  # the tracker plan's "timing" work
+        tracker.step(message=f"{kind}: timed {name}", kind="timing" if timed else None,
+                     weight=length)
+        q = dict(quality)
+        declared = {f.name for f in dataclasses.fields(SweepRow)}
+        nan = float("nan")
+        return SweepRow(
+            variant=name, skip_ratio=len(setting.skip) / self.lm.adapter.n_layers,
+            skip_layers=list(setting.skip), **speed,
+            continuation_nll=q.pop("continuation_nll", nan),
+            greedy_agreement=q.pop("greedy_agreement", nan), kind=kind, length=length,
+            engine_variant=str(setting.variant),
+            **{k: q.pop(k) for k in list(q) if k in declared}, intervals=q)
 
 
 def _prepare(lm: LoadedModel, cfg, evalset, runs, progress, message):
@@ -183,11 +195,11 @@ def ratio_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=None
     attach_repairs(lm, "ratio", cfg, repairs)
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ratio sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
+    maker = _Rows(lm, "ratio", cfg, tracker)
     with _kept(lm, "ratio", cfg, t0, evalset) as rows:
         for r, setting in named:
-            row = _row(lm, "ratio", str(setting.variant), setting,
-                       row_quality(scores, run_key(setting), n, answers), cfg, tracker,
-                       cfg.bench_tokens)
+            row = maker.row(str(setting.variant), setting,
+                            row_quality(scores, run_key(setting), n, answers))
             row.skip_ratio = float(r)  # the ratio asked for; skip_layers says what it rounded to
             rows.append(row)
     return _result(lm, "ratio", rows, cfg, t0, evalset)
@@ -234,10 +246,10 @@ def ablation_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=N
     attach_repairs(lm, "ablation", cfg, repairs)
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "ablation sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
+    maker = _Rows(lm, "ablation", cfg, tracker)
     with _kept(lm, "ablation", cfg, t0, evalset) as rows:
         for name, setting in zip(cfg.variants, runs):
-            rows.append(_row(lm, "ablation", name, setting, row_quality(
-                scores, run_key(setting), n, answers), cfg, tracker, cfg.bench_tokens))
+            rows.append(maker.row(name, setting, row_quality(scores, run_key(setting), n, answers)))
     return _result(lm, "ablation", rows, cfg, t0, evalset)
 
 
@@ -256,12 +268,13 @@ def length_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), progress=Non
     plan = {"evaluation": 2.0 * sum(n * len(v) for n, v in sets.items()),
             "timing": float(sum(cfg.lengths))}  # weights in tokens: 2048 is not 32
     tracker = Tracker(2 * n_items + len(cfg.lengths), progress, "length sweep", plan=plan)
+    maker = _Rows(lm, "length", cfg, tracker)
     with _kept(lm, "length", cfg, t0) as rows:
         for n, items in sets.items():
             scores = evaluate_runs(lm, items, [pop], cfg.retrieval_new_tokens,
                                    tracker.costed("evaluation", n), f"length {n}")
             quality = row_quality(scores, run_key(pop), len(items), "retrieval_acc")
-            row = _row(lm, "length", "pop", pop, quality, cfg, tracker, n)
+            row = maker.row("pop", pop, quality, n)
             if items:
                 row.item_tokens = round(statistics.fmean(len(i.prompt_ids) for i in items))
             rows.append(row)
@@ -310,10 +323,10 @@ def adaptive_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), calibratio
     runs = [setting for _, setting in named]
     evalset, scores, tracker = _prepare(lm, cfg, evalset, runs, progress, "adaptive sweep")
     answers, n = answers_metric(evalset, cfg.task_accuracy), len(evalset.items)
+    maker = _Rows(lm, "adaptive", cfg, tracker)
     with _kept(lm, "adaptive", cfg, t0, evalset) as rows:
         for name, setting in named:
-            rows.append(_row(lm, "adaptive", name, setting, row_quality(
-                scores, run_key(setting), n, answers), cfg, tracker, cfg.bench_tokens))
+            rows.append(maker.row(name, setting, row_quality(scores, run_key(setting), n, answers)))
     return _result(lm, "adaptive", rows, cfg, t0, evalset)
 
 
@@ -321,18 +334,17 @@ def adaptive_sweep(lm: LoadedModel, cfg: SweepConfig = SweepConfig(), calibratio
 
 def cached_sweep(lm: LoadedModel, kind: str, cfg: SweepConfig = SweepConfig(), use_cache=True,
                  progress=None, calibration=None, notice=None,
-                 compute_missing: bool = True, repairs: dict | None = None
-                 ) -> tuple[SweepResult | None, bool]:
+                 compute_missing: bool = True) -> tuple[SweepResult | None, bool]:
     """(result, was_hit) for one kind; the key holds the model, device, data and config.
     notice(line) hears about an ignored entry or a cache that cannot be written. With
-    compute_missing=False a miss gives (None, False) instead of running the sweep. `repairs`
-    is prepare_repairs()' plan (prepared here, before anything runs, when not given)."""
+    compute_missing=False a miss gives (None, False) instead of running the sweep. The repairs
+    of pop_repair rows are prepared here, before anything runs (prepare_repairs)."""
     if kind not in KINDS:
         raise SweepError(f"unknown sweep kind {kind!r}; choose from {', '.join(KINDS)}")
     evalset = None if kind == "length" else load_eval_set(lm, cfg.dataset, cfg.n_samples,
                                                           seed=cfg.seed)
     timing_config(cfg)  # bad timing settings fail here, before any evaluation
-    repairs = prepare_repairs(lm, kind, cfg, progress) if repairs is None else repairs
+    repairs = prepare_repairs(lm, kind, cfg, progress)
     repair_keys = {name: rep.key for name, rep in repairs.items()} or None
     params = {"model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype), "kind": kind,
               "config": dataclasses.asdict(cfg), "timing": TIMING_PROTOCOL,

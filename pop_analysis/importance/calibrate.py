@@ -16,15 +16,15 @@ import time
 from dataclasses import dataclass
 
 import torch
-from scipy.stats import spearmanr
 
-from pop_analysis.data.prompts import PromptSet, fingerprint
+from pop_analysis.data.prompts import PromptOrigin, PromptSet, fingerprint
 from pop_analysis.engine.generate import check_sampling, encode
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import check_prompt
 from pop_analysis.importance.batch_plan import (DEFAULT_ROWS, available_bytes, plan_batches,
     rows_that_fit)
-from pop_analysis.importance.fisher import sample_and_gradients
+from pop_analysis.importance.compare import spearman
+from pop_analysis.importance.fisher import Listeners, sample_and_gradients
 from pop_analysis.importance.gates import (DECODE, StageGates, frozen_weights, gated, layer_ticks,
     maybe_block_influence, stage_map, stage_means)
 from pop_analysis.importance.suggest import Suggestion, suggest_skip  # noqa: F401 - part of this module's API
@@ -204,7 +204,7 @@ def sample_responses(lm: LoadedModel, prompts: list[list[int]], seeds: list[int]
     batch-1 sampling with that seed gives (up to float rounding of the padded batch).
     A response ends after an EOS token (kept) or max_new_tokens.
     """
-    return sample_and_gradients(lm, prompts, seeds, cfg, on_step=on_step)[0]
+    return sample_and_gradients(lm, prompts, seeds, cfg, listeners=Listeners(on_step=on_step))[0]
 
 
 def encode_prompts(lm: LoadedModel, prompts: PromptSet, cfg: CalibrationConfig) -> list[list[int]]:
@@ -219,8 +219,8 @@ def calibrate(lm: LoadedModel, prompts: PromptSet, cfg: CalibrationConfig = Cali
     """Stage-aware importance of every layer over the first cfg.n_samples prompts of a set."""
     t0 = time.perf_counter()
     ids = encode_prompts(lm, prompts, cfg)
-    return calibrate_ids(lm, ids, cfg, progress, dataset=prompts.name,
-                         fingerprint=used_fingerprint(prompts, cfg), t0=t0)
+    return calibrate_ids(lm, ids, cfg, progress,
+                         PromptOrigin(prompts.name, used_fingerprint(prompts, cfg)), t0=t0)
 
 
 def used_fingerprint(prompts: PromptSet, cfg: CalibrationConfig) -> str:
@@ -229,7 +229,7 @@ def used_fingerprint(prompts: PromptSet, cfg: CalibrationConfig) -> str:
 
 
 def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = CalibrationConfig(),
-                  progress=None, dataset: str = "token ids", fingerprint: str = "",
+                  progress=None, origin: PromptOrigin = PromptOrigin(),
                   t0: float | None = None) -> CalibrationResult:
     """calibrate() on prompts given as token ids (models without a tokenizer, tests)."""
     t0 = time.perf_counter() if t0 is None else t0
@@ -253,11 +253,11 @@ def calibrate_ids(lm, prompt_ids: list[list[int]], cfg: CalibrationConfig = Cali
         done, responses, grads = c.partial or (list(range(n)), responses, grads)
         if not done:
             raise c.keep(None) from None
-        raise c.keep(_result(lm, dataset, fingerprint, cfg, [prompt_ids[i] for i in done],
-                             [responses[i] for i in done], {k: v[done] for k, v in grads.items()},
-                             None, 0, time.perf_counter() - t0)) from None
+        finished = ([prompt_ids[i] for i in done], [responses[i] for i in done],
+                    {k: v[done] for k, v in grads.items()})
+        raise c.keep(_result(lm, origin, cfg, finished, None, time.perf_counter() - t0)) from None
     seconds = time.perf_counter() - t0
-    return _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_loo, seconds)
+    return _result(lm, origin, cfg, (prompt_ids, responses, grads), loo, seconds)
 
 
 def _taylor_pass(lm: LoadedModel, prompt_ids, batches: list[list[int]], cfg: CalibrationConfig,
@@ -278,8 +278,9 @@ def _taylor_pass(lm: LoadedModel, prompt_ids, batches: list[list[int]], cfg: Cal
                                     dtype=torch.promote_types(lm.dtype, torch.float32))
             part, extra = sample_and_gradients(
                 lm, [prompt_ids[i] for i in idx], [sample_seed(cfg.seed, i) for i in idx], cfg,
-                gates, influence=True, tick=lambda m: tick(f"{head}: {m}"),
-                on_step=lambda step: _sampled(tracker, tick, step, head))
+                gates, influence=True,
+                listeners=Listeners(tick=lambda m: tick(f"{head}: {m}"),
+                                    on_step=lambda step: _sampled(tracker, tick, step, head)))
             tracker.plan["sampling"] -= cfg.max_new_tokens - max(map(len, part))  # EOS came early
             g = {"prefill": gates.prefill.grad.detach().cpu(),
                  "decode": gates.decode.grad.detach().cpu(), **extra}
@@ -321,17 +322,21 @@ def _loo_pass(lm, prompt_ids, responses, n_loo: int, rows_per_pass: int, tracker
     return {k: torch.stack([r[k] for r in rows]) for k in ("prefill", "decode")}  # (K, L) each
 
 
-def _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_loo, seconds):
+def _result(lm, origin: PromptOrigin, cfg, samples: tuple, loo, seconds):
+    """samples: the finished (prompt ids, responses, gradients by key); loo: (K, L) per stage
+    for the first K of them, or None."""
+    prompt_ids, responses, grads = samples
     sq_p = grads["prefill"].double() ** 2  # (n, L)
     sq_d = grads["decode"].double() ** 2  # (n, L)
     loo_out = corr = taylor = None
     if loo is not None:  # rank the same samples both ways
+        n_loo = loo["prefill"].shape[0]
         loo_out = {k: loo[k].double().mean(0).tolist() for k in ("prefill", "decode")}
         taylor = {"prefill": sq_p[:n_loo].mean(0).tolist(), "decode": sq_d[:n_loo].mean(0).tolist()}
         corr = {k: spearman(taylor[k], loo_out[k]) for k in ("prefill", "decode")}
     n = len(prompt_ids)
     return CalibrationResult(
-        model=lm.name, dataset=dataset, n_samples=n, n_layers=lm.adapter.n_layers,
+        model=lm.name, dataset=origin.dataset, n_samples=n, n_layers=lm.adapter.n_layers,
         prefill=sq_p.mean(0).tolist(), decode=sq_d.mean(0).tolist(),
         prefill_std=sq_p.std(0, correction=0).tolist(),
         decode_std=sq_d.std(0, correction=0).tolist(),
@@ -340,17 +345,9 @@ def _result(lm, dataset, fingerprint, cfg, prompt_ids, responses, grads, loo, n_
                          "decode": grads["bi_decode"].double().mean(0).tolist()},
         loo=loo_out, rank_corr=corr, seconds=seconds, samples_per_s=n / seconds if seconds else 0.0,
         config=dataclasses.asdict(cfg), shape=shape_record(lm.adapter.shape),
-        fingerprint=fingerprint, prompt_tokens=[len(p) for p in prompt_ids],
+        fingerprint=origin.fingerprint, prompt_tokens=[len(p) for p in prompt_ids],
         response_tokens=[len(r) for r in responses], loss=grads["loss"].double().tolist(),
         loo_taylor=taylor)
-
-
-def spearman(a: list[float], b: list[float]) -> float | None:
-    """Spearman rank correlation (scipy; average ranks for ties); None when either side is
-    constant."""
-    if len(set(a)) < 2 or len(set(b)) < 2:
-        return None
-    return float(spearmanr(a, b)[0])
 
 
 # --- results store ---------------------------------------------------------------------------

@@ -109,3 +109,11 @@ def _pair(lo: float, hi: float) -> list[float] | None:
 
 def _cells(mat: np.ndarray) -> list[list[float | None]]:
     return [[float(x) if np.isfinite(x) else None for x in row] for row in mat]
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman rank correlation (scipy; average ranks for ties); None when either side is
+    constant."""
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return None
+    return float(st.spearmanr(a, b)[0])

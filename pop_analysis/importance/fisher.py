@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -94,10 +96,30 @@ class _LossTerms:
         return out
 
 
+@dataclass(frozen=True)
+class Listeners:
+    """Who hears a pass's progress: tick(message) each layer of the two gated forwards and of
+    the backward; on_step(i) each sampled token i, and on_step(-1) the end of the prompt's pass."""
+
+    tick: Callable[[str], None] | None = None
+    on_step: Callable[[int], None] | None = None
+
+
+@dataclass(frozen=True)
+class _Boundary:
+    """Where sampling starts: the boundary token (B, 1), the padding mask of the positions so
+    far (B, S) and the token's positions (B, 1)."""
+
+    token: torch.Tensor
+    mask: torch.Tensor
+    pos: torch.Tensor
+
+
 @torch.no_grad()
-def _decode(lm: LoadedModel, cache, first: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor,
-            seeds, cfg, terms: _LossTerms | None, on_step) -> list[list[int]]:
+def _decode(lm: LoadedModel, cache, start: _Boundary, seeds, cfg, terms: _LossTerms | None,
+            on_step) -> list[list[int]]:
     """Sample from the boundary token on; `cache` holds the K/V of the positions before it."""
+    tok, mask, pos = start.token, start.mask, start.pos  # (B, 1), (B, S), (B, 1)
     adapter = lm.adapter
     dev = adapter.device
     scfg = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
@@ -107,7 +129,6 @@ def _decode(lm: LoadedModel, cache, first: torch.Tensor, mask: torch.Tensor, pos
     stop = eos_ids(lm)
     out: list[list[int]] = [[] for _ in range(n)]
     done = [False] * n
-    tok = first  # (B, 1)
     with few_rows(lm.model):
         for step in range(cfg.max_new_tokens):
             h = adapter.forward_padded(tok.to(dev), mask, pos, cache)  # (B, 1, D)
@@ -145,16 +166,15 @@ def _pick_rows(logits: torch.Tensor, live: list[int], scfg: SamplingConfig, gens
 
 
 def sample_and_gradients(lm: LoadedModel, prompts: list[list[int]], seeds: list[int], cfg,
-                         gates: StageGates | None = None, influence: bool = False, tick=None,
-                         on_step=None) -> tuple[list[list[int]], dict]:
+                         gates: StageGates | None = None, influence: bool = False,
+                         listeners: Listeners = Listeners()) -> tuple[list[list[int]], dict]:
     """Responses for a batch of prompts and, when `gates` are given, dL/dg into gates.*.grad.
 
     Returns (responses, extra): extra holds "loss" (B,) and, with influence, "bi_prefill" and
     "bi_decode" (B, L), on the CPU. Without gates it only samples (no autograd at all).
-    tick(message) hears each layer of the two gated forwards and of the backward; on_step(i)
-    hears each sampled token i, and on_step(-1) the end of the prompt's pass.
     Gates must be at 1: the sampling steps (and the loss they score) run the ungated model.
     """
+    tick, on_step = listeners.tick, listeners.on_step
     if gates is not None and not all(bool((g == 1).all()) for g in (gates.prefill, gates.decode)):
         raise ValueError("sample_and_gradients takes the gradient at gates = 1 only")
     adapter = lm.adapter
@@ -175,7 +195,8 @@ def sample_and_gradients(lm: LoadedModel, prompts: list[list[int]], seeds: list[
         on_step(-1)  # the prompt's pass is done: progress displays time it apart from sampling
     terms = _LossTerms(adapter, B, dtype) if grad_on else None
     steps = adapter.fork_cache(cache, W + cfg.max_new_tokens)
-    responses = _decode(lm, steps, ids[:, -1:], mask, pos[:, -1:], seeds, cfg, terms, on_step)
+    responses = _decode(lm, steps, _Boundary(ids[:, -1:], mask, pos[:, -1:]), seeds, cfg, terms,
+                        on_step)
     del steps
     if not grad_on:
         return responses, extra

@@ -42,6 +42,17 @@ class GenerationResult(Record):
     speed: dict | None = None  # PrefillSpeed.to_dict(): TTFT full vs variant by the protocol
 
 
+@dataclass(frozen=True)
+class Caption:
+    """How a generation is named where it is shown: the text typed, the variant's label and
+    short name, and the decoding settings of the page's "Made from" line."""
+
+    prompt: str
+    label: str  # "POP (independent KV + boundary)"
+    short: str  # "POP"
+    settings: dict
+
+
 def run_variant(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting, cfg: SamplingConfig,
                 on_token=None) -> dict:
     """One setting with call counting on; `on_token(ids_so_far)` after each token. When the
@@ -69,28 +80,26 @@ def text_of(lm: LoadedModel, ids: list[int]) -> str:
     return lm.tokenizer.decode(ids, skip_special_tokens=True) if lm.tokenizer else ""
 
 
-def compare(lm: LoadedModel, prompt: str, ids: list[int], setting: RunSetting,
-            cfg: SamplingConfig, label: str, short: str, settings: dict,
-            timing: TimingConfig = TIMING) -> GenerationResult:
+def compare(lm: LoadedModel, ids: list[int], setting: RunSetting, cfg: SamplingConfig,
+            caption: Caption, timing: TimingConfig = TIMING) -> GenerationResult:
     """Full model, then `setting`, on the same prompt ids; then the protocol on them."""
     full = run_variant(lm, ids, RunSetting.full(), cfg)
     other = run_variant(lm, ids, setting, cfg)
     speed = time_prefill(lm, torch.tensor([ids], device=lm.device), setting, timing)
-    return GenerationResult(lm.name, prompt, list(ids), str(setting.variant), label, short,
-                            list(setting.skip),
-                            dict(settings), full, other, text_of(lm, full["token_ids"]),
+    return GenerationResult(lm.name, caption.prompt, list(ids), str(setting.variant),
+                            caption.label, caption.short, list(setting.skip),
+                            dict(caption.settings), full, other, text_of(lm, full["token_ids"]),
                             text_of(lm, other["token_ids"]), speed.to_dict())
 
 
-def cached_generation(lm: LoadedModel, prompt: str, ids: list[int], setting: RunSetting,
-                      cfg: SamplingConfig, label: str, short: str, settings: dict,
-                      use_cache: bool = True, notice=None) -> tuple[GenerationResult, bool]:
-    """compare() through the results store."""
+def cached_generation(lm: LoadedModel, ids: list[int], setting: RunSetting, cfg: SamplingConfig,
+                      caption: Caption, use_cache: bool = True,
+                      notice=None) -> tuple[GenerationResult, bool]:
+    """compare() through the results store (the caption is not part of the key)."""
     params = {"model": lm.name, "card": lm.card(), "prompt_ids": list(ids),
               "variant": str(setting.variant), "skip": list(setting.skip), "sampling": asdict(cfg)}
     payload, hit = store.cached(
-        KIND, params, lambda: compare(lm, prompt, ids, setting, cfg, label, short,
-                                      settings).to_dict(), use_cache,
+        KIND, params, lambda: compare(lm, ids, setting, cfg, caption).to_dict(), use_cache,
         lambda p: check(KIND, GenerationResult, p, lm.adapter.n_layers, {"model": lm.name}),
         notice)
     return GenerationResult.from_dict(payload), hit

@@ -34,7 +34,7 @@ from pop_analysis.speed.bench import device_clock
 from pop_analysis.speed.flops import full_prefill_flops, ideal_speedup
 from pop_analysis.speed.precision_speed import ideal as precision_ideal
 from pop_analysis.speed.roofline import chunk_ops, embed_ops, head_ops, total_flops
-from pop_analysis.speed.timing import TimingConfig, judge, other_cpu_seconds
+from pop_analysis.speed.timing import Contention, TimingConfig, judge, other_cpu_seconds
 from pop_analysis.store import results as store
 from pop_analysis.store.schema import Record
 from pop_vllm.run_setting import RunSetting
@@ -208,8 +208,8 @@ def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
     other = None if before is None or after is None else max(0.0, after - before) / wall
     ttft = {run: [prompt_seconds(rnd, cfg.decode_steps) for rnd in times[run]] for run in RUNS}
     ideal = _ideal(lm, len(ids), skip, cfg)
-    verdict = judge(ttft["full"], ttft["pop"], first, TimingConfig(), other, ideal,
-                    torch.get_num_threads(), os.cpu_count() or 1)
+    verdict = judge(ttft["full"], ttft["pop"], first, TimingConfig(),
+                    Contention(other, torch.get_num_threads(), os.cpu_count() or 1), ideal)
     return times, {"full_ms": verdict.full_median_ms, "pop_ms": verdict.variant_median_ms,
                    "speedup": verdict.speedup, "low": verdict.low, "high": verdict.high,
                    "rounds": verdict.rounds, "trustworthy": verdict.trustworthy,

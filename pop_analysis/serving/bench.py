@@ -34,25 +34,39 @@ class Target:
     check: Callable[[], None] | None = None  # raises when its engine has died
 
 
+@dataclass(frozen=True)
+class Client:
+    """Who sends the load and what to: the load generator, the served model's name and
+    tokenizer, and the processes whose CPU is this measurement's own work (engines, generator)."""
+
+    gen: LoadGenerator
+    model: str
+    tokenizer: str
+    own_pids: Callable[[], list[int]] = list
+
+    def run(self, url: str, load: LoadSpec) -> LoadResult:
+        return self.gen.run(url, self.model, self.tokenizer, load)
+
+
 def judge(full: list[float], variant: list[float], first: list[str], other: float | None,
           cfg: timing.TimingConfig) -> timing.Timing:
     """Per-round values (seconds, smaller is better) through the protocol's judgement."""
     cpus = os.cpu_count() or 1  # the engines and the load generator may use every core
-    return timing.judge(full, variant, first, cfg, other, None, cpus, cpus)
+    return timing.judge(full, variant, first, cfg, timing.Contention(other, cpus, cpus))
 
 
-def run_setting(full: Target, pop: Target, gen: LoadGenerator, model: str, tokenizer: str,
-                spec: LoadSpec, rounds: int, tracker: Tracker, own_pids: Callable[[], list[int]],
+def run_setting(full: Target, pop: Target, client: Client, spec: LoadSpec, tracker: Tracker,
                 cfg: timing.TimingConfig) -> dict:
-    """One load setting: warm-up, alternated rounds, the judged row."""
+    """One load setting: warm-up, cfg.rounds_floor alternated rounds, the judged row."""
     sides = {"full": full, "variant": pop}
+    rounds, own_pids = cfg.rounds_floor, client.own_pids
 
     def one(side: str, load: LoadSpec) -> LoadResult:
         t = sides[side]
         if t.before:
             t.before()
         try:
-            return gen.run(t.url, model, tokenizer, load)
+            return client.run(t.url, load)
         finally:
             if t.check:
                 t.check()
@@ -117,9 +131,8 @@ def row(spec: LoadSpec, variant: str, got: dict, first: list[str], other, cfg) -
     return out
 
 
-def serve_bench(full: Target, pop: Target, gen: LoadGenerator, model: str, tokenizer: str,
-                specs: list[LoadSpec], rounds: int = 3, progress=None,
-                own_pids: Callable[[], list[int]] = list, on_row=None) -> list[dict]:
+def serve_bench(full: Target, pop: Target, client: Client, specs: list[LoadSpec],
+                rounds: int = 3, progress=None, on_row=None) -> list[dict]:
     """Rows, one per load setting. Cancelled (rows finished so far in .partial) on request."""
     rounds = timing.check_rounds(rounds)
     cfg = timing.TimingConfig(min_rounds=rounds, warmup=0)
@@ -127,8 +140,7 @@ def serve_bench(full: Target, pop: Target, gen: LoadGenerator, model: str, token
     rows: list[dict] = []
     try:
         for spec in specs:
-            rows.append(run_setting(full, pop, gen, model, tokenizer, spec, max(3, rounds),
-                                    tracker, own_pids, cfg))
+            rows.append(run_setting(full, pop, client, spec, tracker, cfg))
             if on_row:
                 on_row(rows[-1])
     except Cancelled as c:

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from dataclasses import replace
 
-from pop_analysis.serving.bench import Target, serve_bench
+from pop_analysis.serving.bench import Client, Target, serve_bench
 from pop_analysis.serving.loadgen import LoadGenerator
 from pop_analysis.serving.server import Engine, EngineSpec
 from pop_analysis.serving.venv import ServingError
@@ -93,9 +93,9 @@ class Serving:
         with self._lock:
             if self.gen is None:
                 self.gen = LoadGenerator(cache_dir() / "serving" / "loadgen.log").start()
-            return serve_bench(self.target("full"), self.target(self.names[-1]), self.gen,
-                               self.spec.name, self.spec.model_dir, specs, rounds=rounds,
-                               progress=progress, own_pids=self.own_pids, on_row=on_row)
+            client = Client(self.gen, self.spec.name, self.spec.model_dir, self.own_pids)
+            return serve_bench(self.target("full"), self.target(self.names[-1]), client, specs,
+                               rounds=rounds, progress=progress, on_row=on_row)
 
     def generate(self, side: str, prompt: str, max_tokens: int = 64) -> dict:
         """One greedy chat completion from `side`, streamed: text, TTFT, decode tok/s."""

@@ -19,7 +19,7 @@ from pop_analysis.engine.pop import check_prompt, run_prompt
 from pop_analysis.speed.flops import ideal_speedup
 from pop_analysis.speed.machine import machine_rates
 from pop_analysis.speed.roofline import roofline_speedup
-from pop_analysis.speed.timing import Timing, TimingConfig, check_rounds, measure
+from pop_analysis.speed.timing import Machine, Timing, TimingConfig, measure
 from pop_vllm.run_setting import RunSetting
 
 
@@ -104,9 +104,9 @@ def time_prefill(lm: LoadedModel, ids: torch.Tensor, setting: RunSetting,
     n, batch = ids.shape[1], ids.shape[0]
     flop_ideal, roof = ideals(lm, n, setting, batch)
     ref = full or (lambda: first_token(lm, ids, RunSetting.full()))
-    t = measure(ref, lambda: first_token(lm, ids, setting), cfg,
-                clock=device_clock(lm.device), lock=lock, ideal=max(flop_ideal, roof),
-                threads=torch.get_num_threads(), on_round=on_round)
+    here = Machine(clock=device_clock(lm.device), lock=lock, threads=torch.get_num_threads())
+    t = measure(ref, lambda: first_token(lm, ids, setting), cfg, machine=here,
+                ideal=max(flop_ideal, roof), on_round=on_round)
     return PrefillSpeed(n, t, flop_ideal, roof)
 
 
@@ -130,12 +130,14 @@ class BenchRow:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
 
 
-def bench_length(lm: LoadedModel, length: int, skip, repeats: int = 3, budget_s: float = 10.0,
-                 with_hf: bool = False, batch: int = 1, warmup: int = 1) -> BenchRow:
-    """The protocol at one prompt length: at least `repeats` rounds, more while budget_s lasts."""
-    check_rounds(repeats)
+BENCH_TIMING = TimingConfig(min_rounds=3, budget_s=10.0)  # bench's default rounds and budget
+
+
+def bench_length(lm: LoadedModel, length: int, skip, cfg: TimingConfig = BENCH_TIMING,
+                 with_hf: bool = False, batch: int = 1) -> BenchRow:
+    """The protocol at one prompt length: at least cfg.min_rounds rounds, more while its
+    budget lasts."""
     check_prompt(lm.adapter, length)
-    cfg = TimingConfig(min_rounds=repeats, budget_s=budget_s, warmup=warmup)
     ids = random_prompt(lm, length, batch=batch)
     p = time_prefill(lm, ids, RunSetting(skip), cfg)
     hf = None
@@ -150,11 +152,12 @@ def bench_length(lm: LoadedModel, length: int, skip, repeats: int = 3, budget_s:
 
 def bench(lm: LoadedModel, lengths, skip, repeats: int = 3, budget_s: float = 10.0,
           with_hf: bool = False, on_row=None) -> list[BenchRow]:
+    cfg = TimingConfig(min_rounds=repeats, budget_s=budget_s)  # refuses bad rounds first
     for n in lengths:  # every length is checked before the first one is timed
         check_prompt(lm.adapter, n)
     rows = []
     for n in lengths:
-        rows.append(bench_length(lm, n, skip, repeats, budget_s, with_hf=with_hf))
+        rows.append(bench_length(lm, n, skip, cfg, with_hf=with_hf))
         if on_row:
             on_row(rows[-1])
     return rows

@@ -18,7 +18,7 @@ from pop_analysis.engine.pop import check_prompt, run_prompt
 from pop_analysis.engine.precision import Configuration, Precision, twins
 from pop_analysis.speed.bench import device_clock
 from pop_analysis.speed.flops import full_prefill_flops, layer_flops, pop_prefill_flops
-from pop_analysis.speed.timing import Timing, TimingConfig, measure
+from pop_analysis.speed.timing import Machine, Timing, TimingConfig, measure
 
 INT8_CEILING = 4.0  # most an int8 layer can gain over fp32 here (see the module docstring)
 FULL = Configuration("full")  # the full model in fp32
@@ -51,7 +51,7 @@ def time_config(lm: LoadedModel, ids: torch.Tensor, c: Configuration,
     check_prompt(lm.adapter, ids.shape[1])
     twins(lm.adapter, c.precision), twins(lm.adapter, reference.precision)  # built before timing
     return measure(lambda: first_token(lm, ids, reference), lambda: first_token(lm, ids, c), cfg,
-                   clock=device_clock(lm.device), lock=lock,
+                   machine=Machine(clock=device_clock(lm.device), lock=lock),
                    ideal=ideal(lm, ids.shape[1], c, reference))
 
 
@@ -91,8 +91,9 @@ def layer_costs(lm: LoadedModel, n: int, cfg: TimingConfig = TimingConfig(budget
         def kv(i=i, h=h):
             return a.project_kv(i, h, rope)
 
-        t8 = measure(run, lambda i=i: run(copies[i]), cfg, clock=clock, ideal=INT8_CEILING)
-        ts = measure(run, kv, cfg, clock=clock)
+        t8 = measure(run, lambda i=i: run(copies[i]), cfg, machine=Machine(clock=clock),
+                     ideal=INT8_CEILING)
+        ts = measure(run, kv, cfg, machine=Machine(clock=clock))
         out.append(LayerCost(i, float(np.median(t8.full_ms + ts.full_ms)), t8.variant_median_ms,
                              ts.variant_median_ms, t8, ts))
         h = run()  # (1, N, D): the next layer's input

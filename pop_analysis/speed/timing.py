@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -183,26 +184,52 @@ def _threads() -> int:
         return os.cpu_count() or 1
 
 
-# ---------------------------------------------------------------- the protocol
-
-
-def measure(full, variant, cfg: TimingConfig = TimingConfig(), *, clock=time.perf_counter,
-            lock=None, probe=other_cpu_seconds, ideal: float | None = None,
-            threads: int | None = None, cpus: int | None = None, on_round=None) -> Timing:
-    """Time `full()` against `variant()` with the protocol above; returns a Timing.
+@dataclass(frozen=True)
+class Machine:
+    """Everything a timing reads from the world outside the two functions it compares; tests
+    inject fakes.
 
     clock: seconds, synchronised with the device (see bench.device_clock).
     lock: a factory of context managers held for each round (warm-up included); the time to
       enter it is never timed. If what it yields has a true `contended` attribute after the
       round, or entering took over LOCK_WAIT_S, another run held the model.
     probe: cumulative CPU seconds of other processes (None: unknown), read around the rounds.
+    threads / cpus: our compute threads and the machine's CPUs (cores left idle by us may be
+      used by others without competing); None: torch's threads, os.cpu_count().
+    """
+
+    clock: Callable[[], float] = time.perf_counter
+    lock: Callable | None = None
+    probe: Callable[[], float | None] | None = other_cpu_seconds
+    threads: int | None = None
+    cpus: int | None = None
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What competed with the timed rounds: other processes and the lock."""
+
+    other_cores: float | None  # mean CPU cores other processes used during the rounds (None: unknown)
+    threads: int  # our compute threads
+    cpus: int  # the machine's CPUs
+    lock_wait_s: float = 0.0  # time spent waiting for the lock (never inside a timed interval)
+    lock_contended: bool = False  # another run held (or wanted) the model
+
+
+# ---------------------------------------------------------------- the protocol
+
+
+def measure(full, variant, cfg: TimingConfig = TimingConfig(), *, machine: Machine = Machine(),
+            ideal: float | None = None, on_round=None) -> Timing:
+    """Time `full()` against `variant()` with the protocol above; returns a Timing.
+
+    machine: the clock, lock, CPU probe and core counts (see Machine).
     ideal: the largest speedup that is possible here; a median above it by more than
       cfg.ideal_margin is flagged.
-    threads / cpus: our compute threads and the machine's CPUs (cores left idle by us may be
-      used by others without competing).
     on_round(done, planned): after each timed round, for progress displays.
     """
-    run = _Runner(full, variant, clock, lock)
+    clock, probe = machine.clock, machine.probe
+    run = _Runner(full, variant, clock, machine.lock)
     for r in range(cfg.warmup):
         run.round(r % 2 == 1, timed=False)
     before, t0 = (probe() if probe else None), clock()
@@ -215,8 +242,10 @@ def measure(full, variant, cfg: TimingConfig = TimingConfig(), *, clock=time.per
     wall = clock() - t0
     after = probe() if probe else None
     other = None if before is None or after is None or wall <= 0 else max(0.0, after - before) / wall
-    return _judge(run, cfg, other, ideal, threads if threads is not None else _threads(),
-                  cpus if cpus is not None else (os.cpu_count() or 1))
+    threads = machine.threads if machine.threads is not None else _threads()
+    cpus = machine.cpus if machine.cpus is not None else (os.cpu_count() or 1)
+    return judge(run.times["full"], run.times["variant"], run.first, cfg,
+                 Contention(other, threads, cpus, run.lock_wait_s, run.contended), ideal)
 
 
 def _planned(run, cfg) -> int:
@@ -273,18 +302,13 @@ class _Runner:
         return got
 
 
-def _judge(run: _Runner, cfg: TimingConfig, other: float | None, ideal: float | None,
-           threads: int, cpus: int) -> Timing:
-    return judge(run.times["full"], run.times["variant"], run.first, cfg, other, ideal, threads,
-                 cpus, lock_wait_s=run.lock_wait_s, contended=run.contended)
-
-
 def judge(full: list[float], var: list[float], first: list[str], cfg: TimingConfig,
-          other: float | None, ideal: float | None, threads: int, cpus: int,
-          lock_wait_s: float = 0.0, contended: bool = False) -> Timing:
+          load: Contention, ideal: float | None = None) -> Timing:
     """The protocol's verdict on per-round values measured elsewhere (seconds, smaller is
     better; e.g. the median TTFT of one load test per round): median and IQR of the per-round
     ratios full/variant, and the flags. measure() ends here too."""
+    other, threads, cpus = load.other_cores, load.threads, load.cpus
+    lock_wait_s, contended = load.lock_wait_s, load.lock_contended
     ratios = [f / v if v > 0 else float("inf") for f, v in zip(full, var)]
     med = float(np.median(ratios))
     low, high = (float(q) for q in np.percentile(ratios, [25, 75]))

@@ -9,9 +9,22 @@ add two norms (each branch's output is normed before it joins the residual: `_br
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class TokenSplit:
+    """Which of one step's flattened tokens run the full layers, and how those attend: built
+    once per step and handed whole to every pruned layer (or the compiled block)."""
+
+    full_idx: torch.Tensor  # (F,) flattened indices of the full tokens, ascending
+    pruned_idx: torch.Tensor  # (T-F,) the others (pruned tokens and padding), ascending
+    ctx: Any  # vLLM's forward context of the step (its slot mapping and attention metadata)
+    full_metadata: Callable[[], dict]  # the full tokens' attention metadata (built on first use)
 
 
 class KVProjection(torch.nn.Module):
@@ -103,12 +116,11 @@ def _branches(layer, o, residual):
     return layer.mlp(h), residual
 
 
-def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, full_metadata,
-                 kv_proj=None):
-    """hidden, residual: (T, D) each (residual None before the first layer); full_idx (F,),
-    pruned_idx (T-F,) flattened token indices; full_metadata() gives the attention metadata of
-    the full tokens; kv_proj: the pruned tokens' K/V projection (pop_repair's fitted map; default
-    the layer's own K/V rows). Returns the layer's (hidden, residual)."""
+def pruned_layer(layer, positions, hidden, residual, tokens: TokenSplit, kv_proj=None):
+    """hidden, residual: (T, D) each (residual None before the first layer); tokens: the step's
+    full/pruned split; kv_proj: the pruned tokens' K/V projection (pop_repair's fitted map;
+    default the layer's own K/V rows). Returns the layer's (hidden, residual)."""
+    full_idx, pruned_idx = tokens.full_idx, tokens.pruned_idx
     if residual is None:
         residual = hidden
         h = layer.input_layernorm(hidden)  # (T, D)
@@ -133,7 +145,7 @@ def pruned_layer(layer, positions, hidden, residual, full_idx, pruned_idx, ctx, 
     # K/V go to the paged cache for every token (the step's slot mapping); attention runs for
     # the full tokens only, under metadata the backend's builder made for them.
     write_kv(a.attn, k, v)
-    with swapped(ctx, attn_metadata=full_metadata()):
+    with swapped(tokens.ctx, attn_metadata=tokens.full_metadata()):
         o = a.attn(q, None, None)  # (F, heads * head_dim); None: K/V are written already
     o, _ = a.o_proj(o)  # (F, D)
     h_out, r_out = _branches(layer, o, residual.index_select(0, full_idx))  # (F, D) each

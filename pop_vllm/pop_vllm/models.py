@@ -30,7 +30,7 @@ from vllm.sequence import IntermediateTensors
 from . import repair as pop_repair
 from . import settings as pop_settings
 from . import step
-from .layer import copy_kv_weights, pruned_layer
+from .layer import TokenSplit, copy_kv_weights, pruned_layer
 from .settings import PopSettingsError, untested_backends_allowed
 from .split import Split, contiguous_block
 from .stats import count, new_stats
@@ -128,10 +128,10 @@ class PopMixin:
                 sub.update(step.full_token_metadata(facts, p, dev))
             return sub
 
+        tokens = TokenSplit(full_idx, pruned_idx, ctx, full_metadata)
         if use_split:
             self.pop_stats["split_steps"] += 1
-            return split.forward(m, input_ids, positions, full_idx, pruned_idx, ctx, full_metadata,
-                                 self.pop_maps)
+            return split.forward(m, input_ids, positions, tokens, self.pop_maps)
         if intermediate_tensors is not None:  # a later pipeline stage: the previous one's pair
             hidden, residual = intermediate_tensors["hidden_states"], intermediate_tensors["residual"]
         else:
@@ -143,8 +143,8 @@ class PopMixin:
             if i not in skip:
                 hidden, residual = layer(positions, hidden, residual)
                 continue
-            hidden, residual = pruned_layer(layer, positions, hidden, residual, full_idx,
-                                            pruned_idx, ctx, full_metadata, self.pop_maps.get(i))
+            hidden, residual = pruned_layer(layer, positions, hidden, residual, tokens,
+                                            self.pop_maps.get(i))
         if not get_pp_group().is_last_rank:
             return IntermediateTensors({"hidden_states": hidden, "residual": residual})
         hidden, _ = m.norm(hidden, residual)

@@ -27,7 +27,7 @@ import torch
 
 from vllm.compilation.decorators import support_torch_compile
 
-from .layer import project_pruned_kv, swapped, write_kv
+from .layer import TokenSplit, project_pruned_kv, swapped, write_kv
 
 _DIMS_LOWER = {"input_ids": {0: "b"}, "positions": {0: "b"}}
 _DIMS_SPAN = {"positions": {0: "b"}, "hidden": {0: "b"}, "residual": {0: "b"}}
@@ -122,10 +122,10 @@ class Split:
             self.top(positions, hidden, residual)
         self.warm = True
 
-    def forward(self, model, input_ids, positions, full_idx, pruned_idx, ctx, full_metadata,
-                maps=None):
+    def forward(self, model, input_ids, positions, tokens: TokenSplit, maps=None):
         """One POP step; returns the final-normed hidden states (T, D) (pruned rows unused).
         maps: layer -> the pruned tokens' K/V projection (pop_repair), else the layers' own."""
+        full_idx, pruned_idx, ctx = tokens.full_idx, tokens.pruned_idx, tokens.ctx
         hidden_in, residual_in = self.lower(input_ids, positions)  # (T, D) each
         x = hidden_in + residual_in  # (T, D) x_f, what reaches the block
         x_pruned = x.index_select(0, pruned_idx)  # (P, D)
@@ -140,7 +140,7 @@ class Split:
         hidden, residual = torch.zeros_like(x), x  # (T, D) each
         if full_idx.numel():  # none in a chunk from the middle of prompts
             # the block's layers on the full tokens, under their own metadata and slots
-            with swapped(ctx, attn_metadata=full_metadata(),
+            with swapped(ctx, attn_metadata=tokens.full_metadata(),
                          slot_mapping=self._slots(model, ctx.slot_mapping, full_idx)):
                 h_full, r_full = self.block(positions.index_select(0, full_idx),
                                             hidden_in.index_select(0, full_idx),

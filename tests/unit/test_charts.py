@@ -4,6 +4,7 @@ import math
 import pytest
 
 from dashboard.charts import calibrate as calibrate_charts
+from dashboard.charts.calibrate import ImportanceView as View
 from dashboard.charts import drift as drift_charts
 from dashboard.charts import layers as layer_charts
 from dashboard.charts import stepthrough as step_charts
@@ -41,14 +42,14 @@ def test_layer_strip_crosses_skipped_layers_and_colours_by_log_importance():
 
 
 def test_importance_chart_has_bands_and_log_axis():
-    fig = calibrate_charts.importance_chart([1, 2, 3], [3, 2, 1], [0.1] * 3, [0.2] * 3, log=True, bands=True,
-                                  skip=(2,))
+    fig = calibrate_charts.importance_chart([1, 2, 3], [3, 2, 1], [0.1] * 3, [0.2] * 3,
+                                            View(log=True, bands=True, skip=(2,)))
     names = [t.name for t in fig.data]
     assert names == ["prefill 95% interval", "prefill importance", "decode 95% interval",
                      "decode importance"]
     assert fig.layout.yaxis.type == "log"
     assert len(fig.layout.shapes) == 1, "one shaded run for the skipped layer"
-    linear = calibrate_charts.importance_chart([1, 2], [2, 1], log=False, bands=False)
+    linear = calibrate_charts.importance_chart([1, 2], [2, 1], view=View(log=False, bands=False))
     assert linear.layout.yaxis.type == "linear" and len(linear.data) == 2
 
 
@@ -126,15 +127,16 @@ def test_sweep_table_leads_with_length_and_marks_flagged_speed():
 
 
 def test_block_influence_has_its_own_right_axis_title():
-    fig = calibrate_charts.importance_chart([1, 2], [2, 1], log=True, bands=False,
-                                  block_influence={"prefill": [0.1, 0.2], "decode": [0.3, 0.1]})
+    fig = calibrate_charts.importance_chart([1, 2], [2, 1], view=View(
+        log=True, bands=False, block_influence={"prefill": [0.1, 0.2], "decode": [0.3, 0.1]}))
     assert fig.layout.yaxis2.title.text.startswith("block influence")
     assert fig.layout.yaxis2.type == "linear", "the log toggle is for importance only"
     assert fig.layout.yaxis.title.text.startswith("importance")
 
 
 def test_log_axis_draws_zeros_at_a_floor_and_says_so():
-    fig = calibrate_charts.importance_chart([0.0, 1e-3, 1e-1], [1e-2, 0.0, 1.0], log=True, bands=False)
+    fig = calibrate_charts.importance_chart([0.0, 1e-3, 1e-1], [1e-2, 0.0, 1.0],
+                                            view=View(log=True, bands=False))
     means = [t for t in fig.data if t.name.endswith("importance")]
     for t in means:
         assert min(t.y) > 0, "no point below the log axis"
@@ -146,15 +148,15 @@ def test_log_axis_draws_zeros_at_a_floor_and_says_so():
 
 
 def test_linear_bands_stay_at_or_above_zero():
-    fig = calibrate_charts.importance_chart([1.0, 0.5], [0.2, 0.1], [3.0, 2.0], [1.0, 1.0], log=False,
-                                  bands=True)
+    fig = calibrate_charts.importance_chart([1.0, 0.5], [0.2, 0.1], [3.0, 2.0], [1.0, 1.0],
+                                            View(log=False, bands=True))
     for band in (t for t in fig.data if t.name.endswith("std")):
         assert min(band.y) >= 0.0, band.name
 
 
 def test_overlays_add_two_lines_per_stored_calibration():
     over = [{"label": f"run {i}", "prefill": [1.0, 2.0], "decode": [2.0, 1.0]} for i in range(5)]
-    fig = calibrate_charts.importance_chart([1, 2], [2, 1], overlays=over, bands=False)
+    fig = calibrate_charts.importance_chart([1, 2], [2, 1], view=View(overlays=tuple(over), bands=False))
     names = [t.name for t in fig.data]
     assert sum(n.startswith("run ") for n in names) == 10
     assert "run 3 · decode" in names

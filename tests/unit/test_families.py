@@ -18,7 +18,7 @@ from transformers import (
 from pop_analysis.engine.adapter import DecoderAdapter, UnsupportedArchitecture
 from pop_analysis.engine.generate import SamplingConfig, run
 from pop_analysis.engine.models import ModelLoadError, load_model, model_from_hf
-from pop_analysis.engine.pop import decode_step, prefill, run_prompt, teacher_force
+from pop_analysis.engine.pop import LayerPlan, decode_step, prefill, run_prompt, teacher_force
 from pop_vllm.run_setting import RunSetting
 
 from tiny import FAMILIES, GEMMA, LOCAL_GLOBAL, SLIDING_FAMILIES, WINDOW, tiny_prompt
@@ -114,7 +114,7 @@ def test_skipped_layers_hold_projection_of_last_kept_output(lm):
     a = lm.adapter
     ids = torch.tensor([tiny_prompt(15)])[:, :-1]  # x_1..x_{N-1}
     cache = a.new_cache()
-    prefill(a, ids, cache, SKIP, "kv")
+    prefill(a, ids, cache, LayerPlan(SKIP, "kv"))
     ref_cache = a.new_cache()
     with torch.inference_mode():
         h = a.embed(ids)

@@ -4,7 +4,7 @@ import torch
 
 from pop_analysis.engine.counters import count_calls
 from pop_analysis.engine.generate import SamplingConfig, run
-from pop_analysis.engine.pop import prefill, run_prompt
+from pop_analysis.engine.pop import LayerPlan, prefill, run_prompt
 from pop_vllm.run_setting import RunSetting
 
 from tiny import FAMILIES, tiny_model, tiny_prompt
@@ -96,7 +96,7 @@ def test_boundary_logits_come_from_full_stack(lm):
     skip = (3, 4, 5)
     first = run_prompt(a, ids, RunSetting(skip))
     cache = a.new_cache()
-    prefill(a, ids[:, :-1], cache, skip, "kv")
+    prefill(a, ids[:, :-1], cache, LayerPlan(skip, "kv"))
     with count_calls(a) as calls:
         h = prefill(a, ids[:, -1:], cache, start=10)  # x_N through every layer
     ref = a.logits(h)[:, -1].float()
@@ -113,7 +113,7 @@ def test_call_counters_show_skipped_layers_ran_no_attention_or_ffn(lm):
     skip = (3, 4, 5)
     with count_calls(a) as calls:
         calls.stage = "prefill"
-        prefill(a, torch.tensor([tiny_prompt(10)]), a.new_cache(), skip, "kv")
+        prefill(a, torch.tensor([tiny_prompt(10)]), a.new_cache(), LayerPlan(skip, "kv"))
     c = calls.as_dict()["prefill"]
     assert c["attention"] == [1, 1, 1, 0, 0, 0]
     assert c["ffn"] == [1, 1, 1, 0, 0, 0]

@@ -8,12 +8,12 @@ from dashboard.session import report
 from pop_analysis.experiments.choose import measured_text
 from pop_analysis.speed.bench import PrefillSpeed
 from pop_analysis.speed.quiet import wait_quiet
-from pop_analysis.speed.timing import TimingConfig, judge
+from pop_analysis.speed.timing import Contention, TimingConfig, judge
 from pop_analysis.store import examples as ex
 
 
 def _speed(full, var) -> PrefillSpeed:
-    t = judge(full, var, ["full", "variant"] * 2, TimingConfig(), 0.0, 1.34, 2, 2)
+    t = judge(full, var, ["full", "variant"] * 2, TimingConfig(), Contention(0.0, 2, 2), 1.34)
     return PrefillSpeed(12, t, 1.34, 1.12)
 
 

@@ -8,6 +8,7 @@ from pop_analysis.speed.timing import (
     TimingConfig,
     TimingError,
     check_budget,
+    Machine,
     check_rounds,
     measure,
 )
@@ -37,11 +38,10 @@ class Fake:
         self.now += self._take("variant")
 
 
-def timed(fake, cfg=TimingConfig(warmup=0), **kw):
-    kw.setdefault("probe", None)
-    kw.setdefault("threads", 2)
-    kw.setdefault("cpus", 2)
-    return measure(fake.run_full, fake.run_variant, cfg, clock=fake.clock, **kw)
+def timed(fake, cfg=TimingConfig(warmup=0), ideal=None, on_round=None, **machine):
+    machine = {"probe": None, "threads": 2, "cpus": 2, **machine}
+    return measure(fake.run_full, fake.run_variant, cfg, ideal=ideal, on_round=on_round,
+                   machine=Machine(clock=fake.clock, **machine))
 
 
 def test_order_is_swapped_every_round_and_the_median_ratio_reported():
