@@ -6,7 +6,8 @@ start>.json (kernels: kernels__...; the report reads each one's newest):
     python bench/precision_bench.py kernels                      # int8 kernels vs fp32, per shape
     python bench/precision_bench.py ttft --model smollm2-135m    # TTFT at 32/128/512/2048
     python bench/precision_bench.py quality --model smollm2-135m --samples 100
-    python bench/precision_bench.py plan --model smollm2-135m    # planner vs a 16-point grid
+    python bench/precision_bench.py planq --model smollm2-135m   # planner inputs, grid KL
+    python bench/precision_bench.py plan --model smollm2-135m    # timing: planner vs the grid
     python bench/precision_bench.py report                       # markdown tables + frontier
 
 Timing stages print speed figures: run them on an otherwise quiet machine (a flagged figure is
@@ -17,7 +18,6 @@ POP + int8 prefill (the kept layers' prompt in int8).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -34,10 +34,10 @@ import torch
 from pop_analysis.engine.int8 import memory
 from pop_analysis.engine.models import load_model
 from pop_analysis.engine.pop import run_prompt
-from pop_analysis.engine.precision import Configuration
 from pop_analysis.experiments.precision_frontier import (Point, check_pick, frontier, grid,
                                                          standard)
 from pop_analysis.importance.calibrate import CalibrationConfig, cached_calibration
+from pop_analysis.engine.precision import from_plan
 from pop_analysis.importance.precision_plan import int8_errors, layer_losses, plan, predicted_loss
 from pop_analysis.data.prompts import load_prompts
 from pop_analysis.inspection.cache_drift import cache_cosine
@@ -50,7 +50,7 @@ from pop_analysis.speed.precision_speed import FULL, layer_costs, time_config
 from pop_analysis.speed.timing import TimingConfig
 from pop_vllm.run_setting import RunSetting
 
-from bench_results import RAW, RawFile
+from bench_results import RAW, RawFile, latest
 
 OUT = RAW / "precision_bench"
 
@@ -134,44 +134,57 @@ def stage_quality(lm, args) -> None:
                                  "per_item": per_item, "drift": drift}, args)
 
 
-def stage_plan(lm, args) -> None:
+def stage_plan_quality(lm, args) -> None:
+    """The planner's inputs that need no clock (gate sensitivities, int8 errors) and the grid's
+    quality: continuation KL of every grid configuration (no timing lock needed)."""
     a = lm.adapter
     prompts = load_prompts("builtin", limit=args.calibration)
     cal = cached_calibration(lm, prompts, CalibrationConfig(n_samples=args.calibration))[0]
     log("calibrated")
-    ids = [list(p) for p in _encode(lm, prompts.prompts[:8])]
-    err = int8_errors(lm, ids)
-    losses = layer_losses(cal.prefill, err)
+    err = int8_errors(lm, [list(p) for p in _encode(lm, prompts.prompts[:8])])
+    configs = grid(a.n_layers)
+    items = load_eval_set(lm, "gsm8k", args.grid_samples).items
+    scores = evaluate_variants(lm, items, [Arm(c.name, c.setting)
+                                           for c in configs], args.max_new_tokens, generate=False)
+    write(f"planq_{lm.name}", {"calibration": {"n": cal.n_samples, "prefill": cal.prefill},
+                               "int8_error": err, "grid_n": len(items),
+                               "kl": {c.name: scores[c.name].next_token_kl for c in configs}},
+          args)
+
+
+def stage_plan(lm, args) -> None:
+    """Under the timing lock: per-layer costs, the planner's pick under POP alone's predicted
+    loss, TTFT of the pick and of every grid configuration; the pick's KL; the check."""
+    a = lm.adapter
+    q = json.loads(latest(OUT, f"planq_{lm.name}__*.json")[-1].read_text())
+    losses = layer_losses(q["calibration"]["prefill"], q["int8_error"])
     lc = layer_costs(lm, args.plan_tokens)
     costs = [{p: c.ms(p) for p in ("full", "int8", "skip")} for c in lc]
     log("layer costs measured")
-    configs = standard(a.n_layers)
-    budget = predicted_loss(configs[0].plan(a.n_layers), losses)  # POP alone's predicted loss
+    budget = predicted_loss(standard(a.n_layers)[0].plan(a.n_layers), losses)  # POP alone's
     pick = plan(costs, losses, budget)
-    from pop_analysis.engine.precision import from_plan
-
     picked = from_plan("planner", list(pick.layers))
-    candidates = [picked] + grid(a.n_layers)
-    items = load_eval_set(lm, "gsm8k", args.grid_samples).items
-    variants = [Arm(c.name, c.setting) for c in candidates]
-    scores = evaluate_variants(lm, items, variants, args.max_new_tokens, generate=False)
-    ids512 = random_prompt(lm, args.plan_tokens)
+    items = load_eval_set(lm, "gsm8k", q["grid_n"]).items
+    kl = dict(q["kl"])
+    kl["planner"] = evaluate_variants(lm, items, [Arm("planner", picked.setting)],
+                                      args.max_new_tokens, generate=False)["planner"].next_token_kl
+    ids = random_prompt(lm, args.plan_tokens)
     points, rows = [], []
-    for c in candidates:
-        t = time_config(lm, ids512, c, FULL, TimingConfig(budget_s=args.budget))
-        kl = stats.mean_ci(scores[c.name].next_token_kl, bounds=(0, float("inf")))
-        rows.append({"name": c.name, "plan": "".join(p[0].upper() for p in c.plan(a.n_layers)),
-                     "predicted_loss": predicted_loss(c.plan(a.n_layers), losses),
-                     "predicted_ms": sum(costs[i][p] for i, p in enumerate(c.plan(a.n_layers))),
-                     "kl": kl.value, "kl_ci": list(kl.ci), **timing_row(t)})
-        points.append(Point(c.name, t.speedup, kl.value, t.trustworthy))
-        log(f"{c.name}: {t.speedup:.2f}x kl {kl.value:.4f}")
+    for c in [picked] + grid(a.n_layers):
+        t = time_config(lm, ids, c, FULL, TimingConfig(budget_s=args.budget))
+        est = stats.mean_ci(kl[c.name], bounds=(0, float("inf")))
+        plan_ = c.plan(a.n_layers)
+        rows.append({"name": c.name, "plan": "".join(p[0].upper() for p in plan_),
+                     "predicted_loss": predicted_loss(plan_, losses),
+                     "predicted_ms": sum(costs[i][p] for i, p in enumerate(plan_)),
+                     "kl": est.value, "kl_ci": list(est.ci), **timing_row(t)})
+        points.append(Point(c.name, t.speedup, est.value, t.trustworthy))
+        log(f"{c.name}: {t.speedup:.2f}x kl {est.value:.4f} {t.note or ''}")
     write(f"plan_{lm.name}", {
-        "calibration": {"n": cal.n_samples, "prefill": cal.prefill}, "int8_error": err,
         "layer_costs": [{"layer": c.layer, "full_ms": c.full_ms, "int8_ms": c.int8_ms,
                          "skip_ms": c.skip_ms, "int8_flag": c.int8_timing.note,
                          "skip_flag": c.skip_timing.note} for c in lc],
-        "budget": budget, "pick": asdict(pick), "rows": rows, "grid_n": len(items),
+        "budget": budget, "pick": asdict(pick), "rows": rows, "grid_n": q["grid_n"],
         "frontier": [p.name for p in frontier(points)],
         "check": check_pick(points[0], points[1:])}, args)
 
@@ -190,7 +203,7 @@ def stage_kernels(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("stage", choices=("kernels", "ttft", "quality", "plan", "report"))
+    p.add_argument("stage", choices=("kernels", "ttft", "quality", "planq", "plan", "report"))
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--samples", type=int, default=100, help="quality items (GSM8K test)")
     p.add_argument("--start", type=int, default=0, help="first quality item (runs in slices)")
@@ -212,7 +225,8 @@ def main() -> None:
         stage_kernels(args)
         return
     lm = load_model(args.model, device="cpu")
-    {"ttft": stage_ttft, "quality": stage_quality, "plan": stage_plan}[args.stage](lm, args)
+    {"ttft": stage_ttft, "quality": stage_quality, "planq": stage_plan_quality,
+     "plan": stage_plan}[args.stage](lm, args)
 
 
 if __name__ == "__main__":
