@@ -19,10 +19,14 @@ hypothesis_settings.load_profile("pop-lab")
 
 TESTS = Path(__file__).resolve().parent
 SHARED_DATA = TESTS.parent.parent / "shared" / "data"
-# The tiers, in the order they run: the longest modules first (engine and browser starts), so
-# that the workers of a parallel run (test.sh runs pytest-xdist, a module per worker at a time)
-# end together while the many short modules fill the gaps.
+# The tiers, in the order they run when no cost is measured: the longest modules first (engine
+# and browser starts), so that the workers of a parallel run (test.sh runs pytest-xdist, a module
+# per worker at a time) end together while the many short modules fill the gaps.
 TIERS = ("serving", "browser", "dashboard", "embedded", "unit")
+# Each module's measured seconds on a fresh clone of the 2-core machine (scripts/module_costs.py
+# writes it from a run's JUnit XML): modules run longest first, a module not measured yet at its
+# tier's place among them.
+COSTS = TESTS / "module_costs.json"
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -36,8 +40,13 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"tests/{rel}: a test module belongs in one of the tier folders "
                                     f"tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
-        tiers[item.nodeid] = TIERS.index(tier)
-    items.sort(key=lambda item: tiers[item.nodeid])  # stable: a module's tests keep their order
+        tiers[item.nodeid] = (tier, rel.as_posix())
+    costs = json.loads(COSTS.read_text()) if COSTS.exists() else {}
+    unknown = {t: max([c for m, c in costs.items() if m.startswith(f"{t}/")], default=0.0)
+               for t in TIERS}  # an unmeasured module: as long as its tier's longest
+    # stable: a module's tests keep their order, and modules stay whole
+    items.sort(key=lambda item: (-costs.get(tiers[item.nodeid][1], unknown[tiers[item.nodeid][0]]),
+                                 TIERS.index(tiers[item.nodeid][0]), tiers[item.nodeid][1]))
 
 
 @pytest.fixture(scope="session")

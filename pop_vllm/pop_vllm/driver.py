@@ -54,8 +54,11 @@ def one_line(exc: BaseException) -> str:
         if isinstance(original, BaseException):
             return one_line(original)
     inner = exc
-    while inner.__cause__ is not None or inner.__context__ is not None:
-        inner = inner.__cause__ or inner.__context__
+    while True:  # the chain Python would print: a `raise ... from None` ends it
+        nxt = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
+        if nxt is None:
+            break
+        inner = nxt
     for e in (inner, exc):
         text = str(e).strip().splitlines()
         if text:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pop_analysis.data.example_prompts import LONG as EXAMPLE_LONG
 from pop_analysis.engine.generate import SamplingConfig, encode, run
 from pop_vllm.run_setting import RunSetting
 
@@ -49,8 +50,9 @@ ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "see
 FULL, POP = {"skip": TAIL, "variant": "full"}, {"skip": TAIL, "variant": "pop"}
 SCORED = ("Ada Lovelace wrote the first published program for Babbage's analytical engine, a "
           "table of Bernoulli numbers, in a note on a translated paper. ") * 2
-LONG = ("The history of the river Seine: its sources on the Langres plateau, the towns it "
-        "crosses, its bridges in Paris and its estuary at Le Havre, told in some detail. ") * 16
+# Long enough for several prefill chunks, and one where POP's and the full model's 8 tokens
+# differ (a repeated sentence gave the same tokens: mixing settings would go unseen).
+LONG = EXAMPLE_LONG
 # A client's claim that its prompt's K/V are the stock model's, handed over by a prefill instance.
 FORGED = {"do_remote_prefill": True, "pop_kv_file": "prefill-0/" + "0" * 40,
           "pop_kv_settings": None, "pop_kv_variant": "full", "remote_engine_id": "prefill-0"}

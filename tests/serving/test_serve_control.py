@@ -36,6 +36,7 @@ from pop_analysis.serving.venv import ServingError
 from pop_analysis.speed import procs
 from pop_vllm.engine_env import CONTROL_ROUTE, CONTROL_TOKEN_ENV
 from pop_vllm.guards import is_open
+from pop_vllm.run_setting import RunSetting
 
 from vllm_driver import wait_until
 
@@ -53,7 +54,7 @@ import json, sys, urllib.request, urllib.error
 url, routes = sys.argv[1], json.loads(sys.argv[2])
 out = {}
 for route, headers in routes:
-    body = json.dumps({"method": "pop_set", "args": [RunSetting.full().as_config()],
+    body = json.dumps({"method": "pop_set", "args": [{"skip": [], "variant": "full"}],
                        "new_data_parallel_size": 2,
                        "level": 1}).encode()
     req = urllib.request.Request(url + route, body, {"Content-Type": "application/json", **headers})

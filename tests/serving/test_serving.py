@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from pop_analysis.serving import venv
 from pop_analysis.serving.server import Engine, EngineSpec, group_members
@@ -80,6 +82,7 @@ def test_bad_settings_one_line(spec, tmp_path):
     assert "unknown variant" in one_line(e)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"],
                                                       "num_hidden_layers": 4}))
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))  # readable weights
     with pytest.raises(ServingError) as e:
         Engine(spec_for(str(tmp_path), RunSetting((1, 2)))).start()
     assert "GPT2LMHeadModel" in one_line(e)

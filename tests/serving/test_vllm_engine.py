@@ -114,7 +114,7 @@ def _jobs(prompts, maps) -> dict:
     ]
 
 
-BAD = ["skip layer(s) 30 out of range", "unknown POP variant 'popx'",
+BAD = ["layer(s) 30 out of range", "unknown variant 'popx'",
        "pop_repair needs a repair maps file", "does not exist",
        "not exactly skip set [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]", "does not fit this model",
        "not exactly skip set [20, 21, 22, 23, 24, 25, 26, 27, 28]",

@@ -232,3 +232,21 @@ def test_engine_env_stays_local(tmp_path):
     assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path))
     with pytest.raises(ValueError, match="whole number of GiB"):
         engine_env(tmp_path, kv_cache_gib=0.5)
+
+
+def test_the_drivers_one_line_is_the_refusal_not_what_it_replaced():
+    """A refusal raised `from None` inside an except block is the line a job reports (the
+    Enum's "'popx' is not a valid Variant" it replaced used to come back instead)."""
+    from pop_vllm.driver import one_line
+    from pop_vllm.run_setting import RunSetting
+
+    with pytest.raises(Exception) as e:
+        RunSetting((3,), "popx")
+    assert one_line(e.value).startswith("SettingError: unknown variant 'popx'")
+    try:
+        try:
+            raise KeyError("root")
+        except KeyError as inner:
+            raise RuntimeError("wrapper") from inner
+    except RuntimeError as outer:
+        assert one_line(outer) == "KeyError: 'root'"
