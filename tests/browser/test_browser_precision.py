@@ -4,7 +4,7 @@ button offered; the step-through draws int8 layers in their own colour. Screensh
 artifacts/screenshots/ (precision_*.png)."""
 import re
 
-from browser_wait import PLOT, idle, shot, visible
+from browser_wait import PLOT, gone, idle, shot, visible
 
 
 def test_int8_layers_from_a_link_and_the_frontier(server, browser_page):
@@ -29,6 +29,9 @@ def test_the_step_through_draws_int8_layers_in_their_own_colour(server, browser_
     visible(page, page.get_by_text(re.compile("prompt in int8: 0-19")), "the int8 layers named",
             timeout_s=300)
     page.get_by_role("button", name="Record this prompt").click()
+    # the stored example (no int8) shows until the recording replaces it
+    gone(page, page.get_by_text("Stored example: smollm2-135m"), "the stored example replaced",
+         timeout_s=600)
     grid = page.locator(PLOT).filter(has_text=re.compile("What runs in this step"))
     visible(page, grid, "the recorded step's grid", timeout_s=600)
     idle(page)
