@@ -19,7 +19,7 @@ ERROR = "lab.int8_error"  # the last refused input, shown where it was typed
 PILLS = "precision.pills"
 POINTS = "lab.precision_points"  # {model: (points, frontier names)} of the last measurement
 PROMPTS = 8  # built-in prompts the dashboard's frontier scores quality on
-TOKENS = 128  # the prompt length its TTFT is timed at
+TOKENS = 32  # the prompt length its TTFT is timed at (short prompts: where precision could help)
 
 
 def _apply(layers, n: int, skip, where: str) -> None:
@@ -128,7 +128,8 @@ def _frontier(lm, skip, int8) -> None:
             points, [p.name for p in frontier(points)])
     got = st.session_state.get(POINTS, {}).get(lm.name)
     if got is None:
-        st.caption("Not measured yet for this model (about a minute).")
+        st.caption("Not measured yet for this model (a few minutes on a 2-core CPU without "
+                   "fast int8 kernels, where int8 layers run slower than fp32).")
         return
     points, names = got
     presenter.plot(frontier_chart(points, names, "current"), key="precision.frontier")

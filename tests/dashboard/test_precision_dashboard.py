@@ -32,10 +32,14 @@ def test_int8_layers_are_one_shared_setting_with_a_link_and_one_line_refusals():
     assert not again.exception and again.session_state["lab.int8"] == (0, 1, 2)
 
 
-def test_the_frontier_is_measured_and_drawn():
+def test_the_frontier_is_measured_and_drawn(monkeypatch):
+    from dashboard.panels import precision_controls
+
+    # the real measurement on fewer quality prompts: int8 layers are slow on this CPU
+    monkeypatch.setattr(precision_controls, "PROMPTS", 2)
     at = goto(app(), "skip_set")
     at.text_input(key="w.int8").set_value("0-9").run()
-    at.button(key="precision.measure").click().run(timeout=600)
+    at.button(key="precision.measure").click().run(timeout=900)
     assert not at.exception
     specs = [json.loads(c.proto.spec) for c in charts(at)]
     fig = next(f for f in specs if "TTFT speedup against quality" in f["layout"]["title"]["text"])
