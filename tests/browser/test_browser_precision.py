@@ -4,7 +4,15 @@ button offered; the step-through draws int8 layers in their own colour. Screensh
 artifacts/screenshots/ (precision_*.png)."""
 import re
 
-from browser_wait import PLOT, gone, idle, shot, visible
+from browser_wait import PLOT, fail_with_shot, gone, idle, rerun, shot, visible, wait_for
+
+# The text of the step's grid once it is drawn (null while the chart is absent or redrawing: a
+# Plotly chart has no text for a moment while it is replaced).
+GRID_TEXT = """() => {
+  const grid = [...document.querySelectorAll('.js-plotly-plot')]
+    .find(e => e.isConnected && e.innerText.includes('What runs in this step'));
+  return grid ? grid.innerText : null;
+}"""
 
 
 def test_int8_layers_from_a_link_and_the_frontier(server, browser_page):
@@ -36,10 +44,12 @@ def test_the_step_through_draws_int8_layers_in_their_own_colour(server, browser_
     visible(page, grid, "the recorded step's grid", timeout_s=600)
     idle(page)
     for _ in range(8):  # the full run's steps may come first: step on to POP's prefill
-        if "attention + FFN in int8" in grid.first.inner_text():
+        text = wait_for(page, "the step's grid drawn", GRID_TEXT, timeout_s=120)
+        if "attention + FFN in int8" in text:
             break
-        page.get_by_role("button", name=re.compile("Next")).first.click()
-        idle(page)
-    assert "attention + FFN in int8" in grid.first.inner_text()
+        rerun(page, page.get_by_role("button", name=re.compile("Next")).first.click,
+              "stepping on")
+    else:
+        fail_with_shot(page, "a step drawing int8 layers", "8 steps on")
     grid.first.scroll_into_view_if_needed()
     shot(page, "precision_stepthrough")
