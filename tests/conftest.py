@@ -44,9 +44,12 @@ def pytest_collection_modifyitems(config, items):
     costs = json.loads(COSTS.read_text()) if COSTS.exists() else {}
     unknown = {t: max([c for m, c in costs.items() if m.startswith(f"{t}/")], default=0.0)
                for t in TIERS}  # an unmeasured module: as long as its tier's longest
-    # stable: a module's tests keep their order, and modules stay whole
-    items.sort(key=lambda item: (-costs.get(tiers[item.nodeid][1], unknown[tiers[item.nodeid][0]]),
-                                 TIERS.index(tiers[item.nodeid][0]), tiers[item.nodeid][1]))
+
+    def order(item):  # longest first; stable: a module's tests keep their order, modules stay whole
+        tier, module = tiers[item.nodeid]
+        return -costs.get(module, unknown[tier]), TIERS.index(tier), module
+
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session")

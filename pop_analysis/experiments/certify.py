@@ -34,9 +34,9 @@ import numpy as np
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
-from pop_analysis.experiments.methods_compare import importance_params
+from pop_analysis.experiments.methods_compare import ranking_entry
 from pop_analysis.experiments.methods_store import check_certificate
-from pop_analysis.importance.methods import METHODS, primary
+from pop_analysis.importance.methods import METHODS
 from pop_analysis.importance.picks import SHAPES
 from pop_analysis.progress import Tracker
 from pop_analysis.quality import stats
@@ -285,14 +285,9 @@ def cached_certify(lm: LoadedModel, importance, splits: list[Split],
                    cfg: CertifyConfig = CertifyConfig(), use_cache=True, progress=None,
                    notice=None) -> tuple[CertifyResult, bool]:
     """(result, was_hit) for a ranking from an importance run (methods_run.ImportanceResult)."""
-    if cfg.method not in importance.methods:
-        raise CertifyError(f"the importance run has no {cfg.method!r} scores "
-                           f"(it ran {', '.join(importance.methods)})")
-    params = {"model": lm.name, "card": lm.card(), "importance": importance_params(importance),
-              "splits": [s.record() for s in splits], "config": dataclasses.asdict(cfg)}
-    label = f"{importance.dataset}, n = {importance.n_samples}"
+    ranking, params, label = ranking_entry(lm, importance, cfg.method, CertifyError)
+    params |= {"splits": [s.record() for s in splits], "config": dataclasses.asdict(cfg)}
     payload, hit = store.cached(
-        KIND, params, lambda: certify(lm, importance.series[primary(cfg.method)], splits, cfg,
-                                      progress, label).to_dict(),
+        KIND, params, lambda: certify(lm, ranking, splits, cfg, progress, label).to_dict(),
         use_cache, lambda p: check_certificate(p, CertifyResult, lm.adapter.n_layers), notice)
     return CertifyResult.from_dict(payload), hit

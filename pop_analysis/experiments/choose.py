@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import InputError
-from pop_analysis.experiments.methods_compare import eval_items, importance_params, set_quality
+from pop_analysis.experiments.methods_compare import eval_items, ranking_entry, set_quality
 from pop_analysis.experiments.methods_store import check_choice
 from pop_analysis.experiments.sweep_speed import speed_fields
-from pop_analysis.importance.methods import METHODS, primary
+from pop_analysis.importance.methods import METHODS
 from pop_analysis.importance.picks import SHAPES, pick
 from pop_analysis.importance.suggest import lowest_block
 from pop_analysis.progress import Tracker, keeping
@@ -286,14 +286,9 @@ def _ci(c: dict, key: str) -> str:
 def cached_choice(lm: LoadedModel, importance, budget: Budget, cfg: ChooseConfig = ChooseConfig(),
                   use_cache=True, progress=None, notice=None) -> tuple[ChoiceResult, bool]:
     """(result, was_hit) for a ranking from an importance run (methods_run.ImportanceResult)."""
-    if cfg.method not in importance.methods:
-        raise ChooseError(f"the importance run has no {cfg.method!r} scores "
-                          f"(it ran {', '.join(importance.methods)})")
-    params = {"model": lm.name, "card": lm.card(), "importance": importance_params(importance),
-              "budget": dataclasses.asdict(budget), "config": dataclasses.asdict(cfg)}
-    label = f"{importance.dataset}, n = {importance.n_samples}"
+    ranking, params, label = ranking_entry(lm, importance, cfg.method, ChooseError)
+    params |= {"budget": dataclasses.asdict(budget), "config": dataclasses.asdict(cfg)}
     payload, hit = store.cached(
-        KIND, params, lambda: choose(lm, importance.series[primary(cfg.method)], budget, cfg,
-                                     progress, label).to_dict(),
+        KIND, params, lambda: choose(lm, ranking, budget, cfg, progress, label).to_dict(),
         use_cache, lambda p: check_choice(p, ChoiceResult, lm.adapter.n_layers), notice)
     return ChoiceResult.from_dict(payload), hit

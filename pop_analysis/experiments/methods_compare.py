@@ -222,6 +222,19 @@ def importance_params(importance) -> dict:
             "series": {m: importance.series[primary(m)] for m in importance.methods}}
 
 
+def ranking_entry(lm: LoadedModel, importance, method: str,
+                  error: type[Exception]) -> tuple[list, dict, str]:
+    """What a choice on an importance run's ranking (choose, certify) stores under: (the ranking,
+    the store params naming model, card and ranking, the run's label). `error` when the run has
+    no scores for `method`."""
+    if method not in importance.methods:
+        raise error(f"the importance run has no {method!r} scores "
+                    f"(it ran {', '.join(importance.methods)})")
+    params = {"model": lm.name, "card": lm.card(), "importance": importance_params(importance)}
+    return (importance.series[primary(method)], params,
+            f"{importance.dataset}, n = {importance.n_samples}")
+
+
 def cached_comparison(lm: LoadedModel, importance, cfg: CompareConfig = CompareConfig(),
                       use_cache=True, progress=None, notice=None, compute_missing=True):
     """(result, was_hit): the stored comparison for this model, ranking and config, or computed
