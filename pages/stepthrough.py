@@ -12,6 +12,8 @@ from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
 from pop_analysis.inspection import stepthrough as stp
 from pop_analysis.progress import duration
+from pop_vllm.healing import POLICIES
+from pop_vllm.healing import make as make_heal
 
 st.title("Step through POP")
 present = state.presenting()  # the grid and the clock on the first screen; the rest below them
@@ -35,17 +37,30 @@ with box:
     c = st.columns([4, 1], vertical_alignment="bottom")
     prompt = c[0].text_input("Prompt (2-48 tokens, no chat template; POP gains visibly from ~30)",
                              key=state.kept("step.prompt", STEP))
-    now = {"prompt": prompt, "skip set": describe(skip), "int8 layers": describe(int8)}
+    h = st.columns([3, 2, 3], vertical_alignment="bottom")
+    policy = h[0].radio("Healing (after the first token)", POLICIES, horizontal=True,
+                        key=state.kept("step.heal", "none"),
+                        help="POP then re-runs the pruned layers over the prompt between decode "
+                             "steps, so its cache becomes the full model's (docs/healing.md)")
+    budget = widgets.number(h[1], "Positions per step", 2, 48, key=state.kept("step.heal_budget", 16),
+                            disabled=policy != "budget")
+    healing = policy + (f" {int(budget)} per step" if policy == "budget" and budget else "")
+    now = {"prompt": prompt, "skip set": describe(skip), "int8 layers": describe(int8),
+           "healing": healing}
     go = c[1].button("Record this prompt", type="primary", key="step.go",
-                     disabled=jobs.running("stepthrough") or not prompt.strip())
+                     disabled=jobs.running("stepthrough") or not prompt.strip() or widgets.refused())
     st.caption(f"Skipped in POP's prefill: layers {describe(skip)} ({len(skip)}/{n}); prompt in "
-               f"int8: {describe(int8)}; from the Skip set page or the sidebar. Recording runs each model once with hooks, then "
-               "times both without hooks over 5 rounds.")
+               f"int8: {describe(int8)}; from the Skip set page or the sidebar. Healing: "
+               f"{healing}. Recording runs each model once with hooks, then times both without "
+               "hooks over 5 rounds.")
     if go:
         try:
             ids = stp.encode_short(lm, prompt)
+            heal = make_heal(policy, budget_positions=int(budget) if policy == "budget" else None)
+            cfg = stp.StepConfig(int8=int8, heal=heal)
+            stp.run_settings(skip, cfg)["pop"].check(n)  # a refused combination: here, in one line
             jobs.start("stepthrough", "Recording the step-through", lambda p: stp.cached_stepthrough(
-                lm, ids, skip, stp.StepConfig(int8=int8), prompt, progress=p, notice=p.notice),
+                lm, ids, skip, cfg, prompt, progress=p, notice=p.notice),
                 lambda job: jobs.outcome(
                     job, state.STEPTHROUGH, "Step-through", "use a shorter prompt.",
                     lambda part: "nothing", lambda r: f"recorded in {duration(r.seconds)}"),
@@ -60,8 +75,10 @@ if rec is None:
     player.info("No step-through yet: record one above.")
     st.stop()
 with player:
+    heal = rec.config.get("heal") or {}  # records made before healing have none
     about = (f"{rec.model} · '{rec.prompt}' ({len(rec.prompt_ids)} tokens) · skipped "
-             f"{describe(rec.skip_layers)}")
+             f"{describe(rec.skip_layers)}" + (f" · healing {heal['policy']}" if heal.get(
+                 "policy", "none") != "none" else ""))
     if not present:
         st.subheader(about)
         widgets.made_from(state.STEPTHROUGH, now, "Record this prompt")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard.charts.style import DECODE, FULL, INT8, POP, PREFILL, alpha, layout
+from dashboard.charts.style import DECODE, FULL, HEAL, INT8, POP, PREFILL, alpha, layout
 
 # compute grid: not run in this step, attention + FFN, K/V projection only, the int8 layer
 IDLE, RAN, KV, RAN8 = 0, 1, 2, 3
@@ -23,7 +23,7 @@ CACHE_TEXT = {EMPTY: "empty", OLD_FULL: "K/V from the full layer (earlier step)"
               NEW_FULL: "written now by the full layer", NEW_KV: "written now by the projection alone",
               OLD_INT8: "K/V from the int8 layer (earlier step)",
               NEW_INT8: "written now by the int8 layer"}
-RUN_COLOURS = {"prefill": PREFILL, "boundary": DECODE, "decode": FULL}
+RUN_COLOURS = {"prefill": PREFILL, "boundary": DECODE, "decode": FULL, "heal": HEAL}
 
 
 def _scale(colours: list[str]) -> list[list]:
@@ -123,8 +123,9 @@ def clock(steps: list[dict], shown: dict, bars: str = "a step of its run's media
     time: the steps of each run's median round, so the first-token marks are the median TTFTs);
     the shown step in full colour, the others faint; each run's first token marked."""
     fig = go.Figure()
+    pop = "POP + healing" if any(s["stage"].startswith("heal") for s in steps) else "POP"
     names = {run: f"{label}<br>first token {ttft_ms(steps, run):.0f} ms"
-             for run, label in (("full", "full model"), ("pop", "POP"))}
+             for run, label in (("full", "full model"), ("pop", pop))}
     for s in steps:
         kind = s["stage"].split()[0]
         here = s is shown or (s["stage"] == shown["stage"] and kind == "decode")

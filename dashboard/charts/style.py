@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 PREFILL, DECODE, POP, FULL = "#1f77b4", "#ff7f0e", "#2ca02c", "#444444"
 FLAGGED = "#d62728"  # a speed the timing protocol did not trust
 INT8 = "#9467bd"  # a layer whose prompt runs in int8 (stage-aware precision)
+HEAL = "#17becf"  # self-healing: the pruned layers re-run after the first token
 SKIP_SHADE = "rgba(120,120,120,0.15)"
 
 

@@ -62,25 +62,26 @@ class Healer:
         return self.done == self.total
 
     # --- healing ---
-    def before_step(self, tokens_out: int, counts=None) -> None:
-        """Heal what the policy allows before the next decode step (tokens_out already out)."""
+    def before_step(self, tokens_out: int, counts=None, stage: str = "heal") -> None:
+        """Heal what the policy allows before the next decode step (tokens_out already out);
+        the chunks run under `stage` on `counts` (a step-through names each step's own)."""
         if self.finished:
             return
         h = self.heal
         if h.policy == "eager":
-            self._heal_upto(self.total, counts)
+            self._heal_upto(self.total, counts, stage)
         elif h.budget_positions is not None:
-            self._heal_upto(min(self.total, self.done + h.budget_positions), counts)
+            self._heal_upto(min(self.total, self.done + h.budget_positions), counts, stage)
         else:
-            self._heal_for(h.budget_ms, counts)
+            self._heal_for(h.budget_ms, counts, stage)
         if self.finished:
             self.horizon = tokens_out
 
-    def _heal_upto(self, end: int, counts) -> None:
+    def _heal_upto(self, end: int, counts, stage: str) -> None:
         while self.done < end:
-            self._chunk(min(self.heal.chunk, end - self.done), counts)
+            self._chunk(min(self.heal.chunk, end - self.done), counts, stage)
 
-    def _heal_for(self, budget_ms: float, counts) -> None:
+    def _heal_for(self, budget_ms: float, counts, stage: str) -> None:
         """Chunks while the estimated cost fits the budget; at least two positions a step, so
         healing outruns the one position each decode step adds."""
         t0, healed = time.perf_counter(), 0
@@ -91,16 +92,16 @@ class Healer:
             if healed >= 2 and n < 1:
                 break
             n = max(n, 2 - healed, 1)
-            self._chunk(min(n, self.total - self.done), counts)
+            self._chunk(min(n, self.total - self.done), counts, stage)
             healed += n
 
     @torch.inference_mode()
-    def _chunk(self, n: int, counts) -> None:
+    def _chunk(self, n: int, counts, stage: str) -> None:
         a, b = self.done, self.done + n
         t0 = time.perf_counter()
-        stage = getattr(counts, "stage", None)
+        before = getattr(counts, "stage", None)
         if counts is not None:
-            counts.stage = "heal"
+            counts.stage = stage
         h = self._take(n)  # (B, n, D)
         pad = self._pad(b)  # (B, b) or None
         pos = self.adapter.positions(a, n, h.shape[0], pad)  # (B, n)
@@ -110,7 +111,7 @@ class Healer:
             self._write_back(i, a, b)
         self.done = b
         if counts is not None:
-            counts.stage = stage
+            counts.stage = before
         ms = (time.perf_counter() - t0) * 1e3
         self.ms_per_position = ms / n
         self.chunks.append(HealChunk(self.steps, a, b, ms))

@@ -19,12 +19,18 @@ EXPLAIN = {
                          "first token: compare the two models' candidates below.",
     "decode": "Decode runs every layer on the new token, in both models; attention reads the "
               "complete cache (POP's prompt entries of the skipped layers came from the projection).",
+    "heal": "Self-healing: the first token is already out. From the first skipped layer up, every "
+            "layer runs again in full over these positions, from the exact hidden state below it "
+            "and attending to the rows healed before, and its K/V replace the approximate rows "
+            "(the cache grid: written now). Once every position is healed, the cache is the full "
+            "model's for the same tokens, and decode reads exactly what the full model would.",
 }
 
 
 def frames(steps: list[dict]) -> list[dict]:
     """The sequence a class steps through: the full model's prefill, POP's pruned prefill, its
-    boundary step, then each decode step (POP's grid; the full model runs the same layers).
+    boundary step, then each decode step (POP's grid; the full model runs the same layers),
+    each after the healing pass that ran before it, when the POP run healed.
     Each frame: title, explain, the step it draws ("shown"), the step of the other run at the
     same point when there is one ("beside"), and the steps of the shown run before it."""
     by = {(s["run"], s["stage"]): s for s in steps}
@@ -32,20 +38,29 @@ def frames(steps: list[dict]) -> list[dict]:
     order += [("pop", "boundary")] if ("pop", "boundary") in by else []
     j = 1
     while ("pop", f"decode {j}") in by:
+        order += [("pop", f"heal {j}")] if ("pop", f"heal {j}") in by else []
         order.append(("pop", f"decode {j}"))
         j += 1
     out = []
     for run, stage in order:
         shown = by[(run, stage)]
-        decode = stage.startswith("decode")
+        decode, heal = stage.startswith("decode"), stage.startswith("heal")
         beside = by.get(("full", stage)) if decode else \
             by.get(("full", "prefill")) if stage == "boundary" else None
-        out.append({"title": TITLES.get((run, stage)) or
-                    f"Decode step {stage.split()[1]}: every layer, attention reads the whole cache",
-                    "explain": EXPLAIN["decode" if decode else (run, stage)],
+        out.append({"title": TITLES.get((run, stage)) or (heal_title(shown) if heal else
+                    f"Decode step {stage.split()[1]}: every layer, attention reads the whole cache"),
+                    "explain": EXPLAIN["decode" if decode else "heal" if heal else (run, stage)],
                     "shown": shown, "beside": beside,
                     "earlier": [s for s in steps if s["run"] == run][:steps_before(steps, shown)]})
     return out
+
+
+def heal_title(step: dict) -> str:
+    """'Healing before decode step j: layers f-(L-1) re-run on positions a-b'."""
+    layers = [i for i, pos in enumerate(step["attention"]) if pos]
+    positions = sorted({p for pos in step["attention"] for p in pos})
+    return (f"Healing before decode step {step['stage'].split()[1]}: layers {layers[0]}-{layers[-1]} "
+            f"re-run on positions {positions[0] + 1}-{positions[-1] + 1}, their K/V rewritten")
 
 
 def steps_before(steps: list[dict], step: dict) -> int:

@@ -1,5 +1,6 @@
 """A step-through of POP on the real model: a short prompt through the full model and through
-POP, step by step (prefill, POP's pruned prefill, its boundary step, decode steps), with what
+POP, step by step (prefill, POP's pruned prefill, its boundary step, decode steps, and with
+self-healing the healing passes between decode steps: engine/heal.py), with what
 each layer computed on which position, the K/V cells it wrote, the FLOPs of the step, its running
 time on this machine and, where a step picks a token, the top-k next tokens.
 
@@ -23,8 +24,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from pop_analysis.engine.counters import count_calls
+from pop_analysis.engine.heal import heal_prompt
 from pop_analysis.engine.models import LoadedModel
-from pop_analysis.engine.pop import PromptError, decode_step, run_prompt
+from pop_analysis.engine.pop import PromptError, decode_step
 from pop_analysis.engine.precision import Configuration, Precision
 from pop_analysis.engine.precision import twins as int8_twins
 from pop_analysis.inspection.step_frames import frames  # noqa: F401 - part of this module's API
@@ -37,6 +39,7 @@ from pop_analysis.speed.roofline import chunk_ops, embed_ops, head_ops, total_fl
 from pop_analysis.speed.timing import Contention, TimingConfig, judge, other_cpu_seconds
 from pop_analysis.store import results as store
 from pop_analysis.store.schema import Record
+from pop_vllm.healing import NO_HEAL, Heal, HealError
 from pop_vllm.run_setting import RunSetting
 
 KIND = "stepthrough"
@@ -55,12 +58,18 @@ class StepConfig:
     # TTFT is one round's, whose steps the clock draws
     top_k: int = 5  # next-token candidates shown where a step picks a token
     int8: tuple = ()  # layers whose prompt the POP run reads in int8 (engine/precision.py)
+    heal: Heal = NO_HEAL  # the POP run heals its cache after the first token (engine/heal.py)
 
     def __post_init__(self):
         if not 1 <= self.decode_steps <= 8 or not 3 <= self.rounds <= 15 or not 1 <= self.top_k <= 10 \
                 or self.rounds % 2 == 0:
             raise ValueError("decode_steps must lie in 1..8, rounds be odd in 3..15, top_k in 1..10")
         object.__setattr__(self, "int8", Precision(tuple(self.int8)).int8)  # sorted, checked
+        if not isinstance(self.heal, Heal):
+            raise HealError(f"heal must be a healing.Heal, got {type(self.heal).__name__}")
+        if self.heal.budget_ms is not None:  # the recorded run and the timed rounds must take
+            raise HealError("a step-through heals by positions per step (eager, or a budget like "
+                            "16), not by milliseconds: its steps must be the same in every round")
 
 
 @dataclass
@@ -127,12 +136,14 @@ def trace(lm: LoadedModel, ids: list[int], run: str, setting: RunSetting,
     picks = {}
     twins = int8_twins(adapter, setting.precision)
     with count_calls(adapter) as counts, log_positions(adapter, counts, twins) as log:
-        first = run_prompt(adapter, t, setting, counts=counts)
+        first, healer = heal_prompt(adapter, t, setting, counts=counts)
         nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
         picks[counts.stage] = (first.logits, nxt)
         for j in range(cfg.decode_steps):
+            if healer is not None:  # a pass logged as its own step, "heal j", when one runs
+                healer.before_step(j + 1, counts, f"heal {j + 1}")
             counts.stage = f"decode {j + 1}"
-            logits = decode_step(adapter, nxt, first.cache, first.position + j)  # (1, V)
+            logits = _decode(adapter, first, healer, nxt, j)  # (1, V)
             nxt = logits.argmax(-1, keepdim=True)  # (1, 1)
             picks[counts.stage] = (logits, nxt)
     calls = counts.as_dict()
@@ -147,6 +158,13 @@ def trace(lm: LoadedModel, ids: list[int], run: str, setting: RunSetting,
         steps.append(step)
     lengths = [adapter.seen_length(first.cache, i) for i in range(adapter.n_layers)]
     return steps, lengths
+
+
+def _decode(adapter, first, healer, nxt: torch.Tensor, j: int) -> torch.Tensor:
+    """Decode step j+1 of a run (through its healer while one heals): logits (1, V)."""
+    if healer is not None:
+        return healer.decode(nxt, first.position + j)
+    return decode_step(adapter, nxt, first.cache, first.position + j)
 
 
 class _Marks:
@@ -166,22 +184,25 @@ class _Marks:
 
 @torch.inference_mode()
 def _timed(lm: LoadedModel, t: torch.Tensor, setting: RunSetting, cfg: StepConfig,
-           clock) -> list[float]:
-    """Seconds of each step of one run without hooks: the prompt's stages, then decode steps."""
+           clock) -> tuple[list[float], int]:
+    """(seconds of each step of one run without hooks, how many of them were the prompt's):
+    the prompt's stages, then each healing pass (where `trace` logs one) and decode step."""
     adapter = lm.adapter
-    decode_steps = cfg.decode_steps
     marks = _Marks(clock)
-    first = run_prompt(adapter, t, setting, counts=marks)
+    first, healer = heal_prompt(adapter, t, setting, counts=marks)
     nxt = first.logits.argmax(-1, keepdim=True)  # (1, 1)
     nxt.tolist()  # the token is on the host: the step has ended
     ends = [clock()]
-    for j in range(decode_steps):
-        nxt = decode_step(adapter, nxt, first.cache, first.position + j).argmax(-1, keepdim=True)
+    for j in range(cfg.decode_steps):
+        if healer is not None and not healer.finished:
+            healer.before_step(j + 1)
+            ends.append(clock())
+        nxt = _decode(adapter, first, healer, nxt, j).argmax(-1, keepdim=True)
         nxt.tolist()
         ends.append(clock())
     starts = [ts for _, ts in marks.marks] + ends[:1]
     prompt = [b - a for a, b in zip(starts, starts[1:])]  # prefill (and boundary)
-    return prompt + [b - a for a, b in zip(ends, ends[1:])]
+    return prompt + [b - a for a, b in zip(ends, ends[1:])], len(prompt)
 
 
 def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
@@ -191,14 +212,16 @@ def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
     t = torch.tensor([ids], device=lm.adapter.device)  # (1, N)
     clock = device_clock(lm.device)
     times = {run: [] for run in RUNS}
+    ttft = {run: [] for run in RUNS}
     first: list[str] = []
     before, t0 = other_cpu_seconds(), clock()
     for r in range(1 + cfg.rounds):  # round 0 is the warm-up
         order = RUNS if r % 2 == 0 else RUNS[::-1]
         for run in order:
-            got = _timed(lm, t, settings[run], cfg, clock)
+            got, n_prompt = _timed(lm, t, settings[run], cfg, clock)
             if r:
                 times[run].append(got)
+                ttft[run].append(sum(got[:n_prompt]))
         if r:
             first.append("full" if order[0] == "full" else "variant")
         if tracker is not None:
@@ -206,7 +229,6 @@ def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
                          kind="timing", weight=2)
     wall, after = clock() - t0, other_cpu_seconds()
     other = None if before is None or after is None else max(0.0, after - before) / wall
-    ttft = {run: [prompt_seconds(rnd, cfg.decode_steps) for rnd in times[run]] for run in RUNS}
     ideal = _ideal(lm, len(ids), skip, cfg)
     verdict = judge(ttft["full"], ttft["pop"], first, TimingConfig(),
                     Contention(other, torch.get_num_threads(), os.cpu_count() or 1), ideal)
@@ -215,11 +237,6 @@ def time_steps(lm: LoadedModel, ids: list[int], skip, cfg: StepConfig,
                    "rounds": verdict.rounds, "trustworthy": verdict.trustworthy,
                    "note": verdict.note, "ideal": ideal,
                    "clock": {run: median_round(ttft[run]) for run in RUNS}}
-
-
-def prompt_seconds(steps: list[float], decode_steps: int) -> float:
-    """One round's TTFT: its steps before the decode steps (prefill, and POP's boundary)."""
-    return sum(steps[:len(steps) - decode_steps])
 
 
 def median_round(values: list[float]) -> int:
@@ -237,7 +254,9 @@ def step_flops(shape, step: dict, n_prompt: int) -> float:
             pos = step[part][i] if part in step else ()
             if pos:
                 ops += chunk_ops(shape, i, pos[0], len(pos), kv_only)
-    new = n_prompt if step["stage"] == "prefill" else 0 if step["stage"] == "boundary" else 1
+    stage = step["stage"]  # prefill embeds the prompt, decode its token; boundary and healing
+    new = n_prompt if stage == "prefill" else 0 if stage == "boundary" or stage.startswith("heal") \
+        else 1  # reuse rows already embedded
     ops += embed_ops(shape, new) + (head_ops(shape) if step["token"] else [])
     return total_flops(ops)
 
@@ -285,7 +304,8 @@ def _ideal(lm: LoadedModel, n: int, skip, cfg: StepConfig) -> float:
 
 def run_settings(skip, cfg: StepConfig) -> dict[str, RunSetting]:
     """The two runs a step-through shows, by their labels (the POP run's int8 layers from cfg)."""
-    return {"full": RunSetting.full(), "pop": RunSetting(skip, precision=Precision(cfg.int8))}
+    return {"full": RunSetting.full(),
+            "pop": RunSetting(skip, precision=Precision(cfg.int8), heal=cfg.heal)}
 
 
 # --- results store ----------------------------------------------------------------------------
@@ -294,6 +314,8 @@ def cache_params(lm: LoadedModel, ids, skip, cfg: StepConfig) -> dict:
     config = asdict(cfg)
     if not cfg.int8:
         del config["int8"]  # keys of fp32 runs as before int8 layers existed (stored examples)
+    if not cfg.heal.active:
+        del config["heal"]  # and of runs without healing as before it existed
     return {"model": lm.name, "card": lm.card(), "prompt_ids": list(ids), "skip": sorted(skip),
             "config": config, "clock": CLOCK}
 

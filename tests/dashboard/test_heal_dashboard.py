@@ -1,7 +1,7 @@
 """Healing on the Generate page (AppTest, the embedded model): the policy and budget are offered,
 the run heals, the page says when the cache became the full model's, and the call counts show
-the healing chunks as a stage of their own."""
-from apptest_util import app, goto, temp_store, texts  # noqa: F401 (fixture)
+the healing chunks as a stage of their own; the step-through shows the healing pass as a step."""
+from apptest_util import app, goto, temp_store, texts, wait_jobs  # noqa: F401 (fixture)
 
 
 def test_generate_heals_under_a_budget_and_says_when_the_cache_became_exact():
@@ -43,3 +43,20 @@ def test_the_drift_page_shows_each_layers_drift_falling_to_zero_while_healing():
     first, last = res["v"][0], res["v"][-1]
     assert max(first[21:]) > 1e-3 and max(last) < 1e-5  # layers above f=20 drift, then none do
     assert f"after {res['horizon']} tokens" in texts(at.caption)
+
+
+def test_the_step_through_shows_the_healing_pass_between_the_first_token_and_decode():
+    at = goto(app(), "stepthrough")
+    at.text_input(key="step.prompt").set_value("The first three planets from the Sun are "
+                                               "Mercury, Venus and Earth.").run()
+    at.radio(key="step.heal").set_value("eager").run()
+    wait_jobs(at.button(key="step.go").click().run())
+    assert not at.exception and not at.error, texts(at.error)
+    rec = at.session_state["lab.stepthrough"]
+    assert rec.config["heal"]["policy"] == "eager" and rec.skip_layers == list(range(20, 30))
+    heal = next(s for s in rec.steps if s["stage"] == "heal 1")
+    assert heal["attention"][20] == list(range(len(rec.prompt_ids))) and heal["attention"][19] == []
+    at.session_state["step.i"] = 3  # the frame after POP's boundary step
+    at.run()
+    assert "Healing before decode step 1: layers 20-29 re-run" in texts(at.markdown)
+    assert "healing eager" in texts(at.subheader)

@@ -3,6 +3,7 @@ run, its cells are the method's, its FLOPs add up, its record is checked like an
 import json
 
 import pytest
+import torch
 
 from pop_analysis.inspection import stepthrough as stp
 from pop_analysis.store.records import RecordError, check
@@ -99,3 +100,59 @@ def test_int8_layers_show_as_their_own_part_for_the_prompt_only(lm):
     assert all(row == [] for s in rec.steps if s["run"] == "full" for row in s["int8"])
     assert compute_cells(pop["prefill"], 6, n)[1][:n - 1] == [RAN8] * (n - 1)
     assert rec.config["int8"] == [1, 2] or rec.config["int8"] == (1, 2)
+
+
+def test_healing_steps_rewrite_the_pruned_layers_then_decode_reads_the_full_cache(lm):
+    """Eager healing: one pass between the first token and decode step 1 re-runs the layers from
+    the first skipped one up over every prompt position (the grid, the engine's counters and the
+    frames agree), no token is picked there, the first token's time is not charged with it, and
+    decode step 1 then sees what the full model's decode step 1 sees."""
+    from pop_vllm.healing import make
+
+    n, skip = 8, (3, 5)
+    cfg = stp.StepConfig(decode_steps=2, rounds=3, top_k=3, heal=make("eager"))
+    rec = stp.record(lm, tiny_prompt(n), skip, cfg)
+    assert_grid_equals_counts(rec)
+    pop = [s for s in rec.steps if s["run"] == "pop"]
+    assert [s["stage"] for s in pop] == ["prefill", "boundary", "heal 1", "decode 1", "decode 2"]
+    heal = pop[2]
+    assert heal["attention"] == [[] for _ in range(3)] + [list(range(n))] * 3  # layers 3-5
+    assert all(row == [] for row in heal["kv"]) and heal["token"] is None and heal["flops"] > 0
+    assert_one_clock(rec)  # healing comes after the first token: not part of its time
+    titles = [f["title"] for f in stp.frames(rec.steps)]
+    assert titles[3] == ("Healing before decode step 1: layers 3-5 re-run on positions 1-8, "
+                         "their K/V rewritten") and len(titles) == 6
+    # decode step 1 after healing: the HF model's own next-token distribution for the prompt
+    # and POP's first token (its cache is then the full model's for those tokens)
+    with torch.inference_mode():
+        ids = torch.tensor([rec.prompt_ids + [pop[1]["token"][0]]])  # (1, N+1)
+        probs = torch.softmax(lm.model(ids).logits[0, -1].float(), -1)  # (V,)
+    for tok, _, p in pop[3]["top"]:
+        assert p == pytest.approx(float(probs[tok]), abs=1e-5)
+    assert [t for t, _, _ in pop[3]["top"]] == probs.topk(3).indices.tolist()
+    assert rec.config["heal"]["policy"] == "eager"
+    assert "heal" not in stp.cache_params(lm, tiny_prompt(n), skip, CFG)["config"]
+
+
+def test_a_healing_budget_spreads_the_passes_over_the_decode_steps(lm):
+    from pop_vllm.healing import make
+
+    n = 8
+    cfg = stp.StepConfig(decode_steps=3, rounds=3, top_k=3, heal=make("budget", budget_positions=3))
+    rec = stp.record(lm, tiny_prompt(n), (4, 5), cfg)
+    assert_grid_equals_counts(rec)
+    heals = [s for s in rec.steps if s["stage"].startswith("heal")]
+    assert [s["stage"] for s in heals] == ["heal 1", "heal 2", "heal 3"]
+    assert [s["attention"][4] for s in heals] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert all(len(s["times_ms"]) == 3 for s in heals)
+
+
+def test_healing_options_a_step_through_cannot_show_are_refused_in_one_line(lm):
+    from pop_vllm.errors import SettingError
+    from pop_vllm.healing import make
+
+    with pytest.raises(ValueError, match="not by milliseconds"):
+        stp.StepConfig(heal=make("budget", budget_ms=5.0))
+    cfg = stp.StepConfig(decode_steps=1, rounds=3, int8=(1,), heal=make("eager"))
+    with pytest.raises(SettingError, match="healing re-runs the pruned layers in fp32"):
+        stp.record(lm, tiny_prompt(6), (4, 5), cfg)
