@@ -201,7 +201,8 @@ def open_page(page, title: str, heading: str) -> float:
     link = page.locator('[data-testid="stSidebarNav"]').get_by_text(title, exact=True)
     rerun(page, link.click, f"opening the {title} page")
     visible(page, page.get_by_role("heading", name=re.compile(heading)).first,
-            f"the heading of the {title} page")
+            f"the heading of the {title} page", timeout_s=300)  # a first visit imports the
+    # page's modules: over a minute on a machine busy starting engines (seen on the Serve page)
     idle(page)
     return time.time() - t0
 
