@@ -1,7 +1,8 @@
-"""Prompt precision in a real browser: a link with int8 layers opens the Skip set page with the
-int8 set in the sidebar box and the page's section, the per-layer plan shown, the frontier's
-button offered; the step-through draws int8 layers in their own colour. Screenshots under
-artifacts/screenshots/ (precision_*.png)."""
+"""The step-through's variants of POP in a real browser. Prompt precision: a link with int8 layers
+opens the Skip set page with the int8 set in the sidebar box and the page's section, the per-layer
+plan shown, the frontier's button offered; the step-through draws int8 layers in their own colour.
+Self-healing: a healed recording shows the healing pass as a step of its own, between the first
+token and decode step 1. Screenshots under artifacts/screenshots/ (precision_*.png, heal_*.png)."""
 import re
 
 from browser_wait import PLOT, fail_with_shot, gone, idle, rerun, shot, visible, wait_for
@@ -53,3 +54,30 @@ def test_the_step_through_draws_int8_layers_in_their_own_colour(server, browser_
         fail_with_shot(page, "a step drawing int8 layers", "8 steps on")
     grid.first.scroll_into_view_if_needed()
     shot(page, "precision_stepthrough")
+
+
+def test_the_step_through_shows_a_healing_pass_as_a_step(server, browser_page):
+    page = browser_page
+    page.goto(f"{server['url']}/stepthrough?model=smollm2-135m&skip=20-29")
+    healing = page.get_by_role("radiogroup", name="Healing (after the first token)")
+    visible(page, healing, "the healing choice", timeout_s=300)
+    idle(page)
+    rerun(page, healing.get_by_text("eager", exact=True).click, "choosing eager healing")
+    visible(page, page.get_by_text(re.compile("Healing: eager")), "the healing named")
+    rerun(page, page.get_by_role("button", name="Record this prompt").click, "recording")
+    visible(page, page.get_by_text(re.compile(r"skipped 20-29 · healing eager")),
+            "the healed recording", timeout_s=600)
+    idle(page)
+    title = page.get_by_text(re.compile("Healing before decode step 1: layers 20-29 re-run"))
+    for _ in range(6):  # the full prefill, POP's prefill and its boundary step come first
+        if title.count():
+            break
+        rerun(page, page.get_by_role("button", name=re.compile("Next")).first.click,
+              "stepping on")
+    else:
+        fail_with_shot(page, "the healing pass's step", "6 steps on")
+    text = wait_for(page, "the healing step's grid drawn", GRID_TEXT, timeout_s=120)
+    assert "What runs in this step" in text
+    page.locator(PLOT).filter(has_text=re.compile("What runs in this step")).first \
+        .scroll_into_view_if_needed()
+    shot(page, "heal_stepthrough")
