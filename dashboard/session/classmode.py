@@ -15,7 +15,8 @@ from dashboard.session import state
 from pop_analysis.store import examples as ex
 
 KEYS = {"calibration": state.CALIBRATION, "drift": state.DRIFT, "sweep": state.SWEEP,
-        "generation": state.GENERATION, "stepthrough": state.STEPTHROUGH}
+        "generation": state.GENERATION, "stepthrough": state.STEPTHROUGH,
+        "heal_drift": state.HEAL_DRIFT}
 EXAMPLE = "example"  # the context key that marks a shown result as a stored example
 FILLED = "lab.examples_filled"  # models whose examples this session has placed
 
@@ -25,11 +26,12 @@ def _classes() -> dict:
     from pop_analysis.experiments.sweep import SweepResult
     from pop_analysis.importance.calibrate import CalibrationResult
     from pop_analysis.inspection.drift import DriftResult
+    from pop_analysis.inspection.heal_drift import HealDrift
     from pop_analysis.inspection.side_by_side import GenerationResult
     from pop_analysis.inspection.stepthrough import StepThrough
 
     return {"calibration": CalibrationResult, "drift": DriftResult, "sweep": SweepResult,
-            "generation": GenerationResult, "stepthrough": StepThrough}
+            "generation": GenerationResult, "stepthrough": StepThrough, "heal_drift": HealDrift}
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -45,8 +47,11 @@ def stored(model: str, kind: str, n_layers: int | None, checked: bool = True):
 
 
 def result_of(example: ex.Example):
-    """The example as the object its page shows (the Generate page keeps a plain dict)."""
+    """The example as the object its page shows (the Generate page and the Drift page's healing
+    section keep plain dicts)."""
     obj = _classes()[example.kind].from_dict(example.payload)
+    if example.kind == "heal_drift":
+        return obj.to_dict()
     return generation_view(obj) if example.kind == "generation" else obj
 
 

@@ -138,6 +138,16 @@ def _drift_b(r, fig) -> str:
     return _drift(r, fig).replace("<h2>Drift:", "<h2>Drift, pinned run B:", 1)
 
 
+def _heal_drift(r: dict, fig) -> str:
+    h, end = r["heal"], r["horizon"]
+    return (f"<h2>Drift while healing: {r['prompt_tokens']} prompt tokens, skipped "
+            f"{_e(describe(r['skip_layers']))}</h2><p>Budget {h['budget_positions']} positions per "
+            f"step in chunks of {h['chunk']}: "
+            + (f"the cache was the full model's after {end} tokens.</p>" if end is not None else
+               f"the answer ended first ({r['healed'][-1]} positions healed).</p>")
+            + fig(drift_charts.healing_chart(r, "v")))
+
+
 def _drift_length(rows, fig) -> str:
     return ("<h2>Drift vs context length</h2>" + fig(drift_charts.drift_length_chart(rows))
             + _table(rows, ["length", "hidden_cos", "k_cos", "v_cos", "attn_out_cos", "kl"]))
@@ -222,7 +232,7 @@ SECTIONS = ((state.STEPTHROUGH, _stepthrough), (state.CALIBRATION, _calibration)
             (state.DRIFT, _drift), (state.DRIFT_B, _drift_b), (state.DRIFT_LENGTH, _drift_length),
             (state.SWEEP, _sweep), (state.IMPORTANCE, _importance),
             (state.METHOD_COMPARE, _method_compare), (state.CHOICE, _choice),
-            (state.CERTIFICATE, _certificate))
+            (state.CERTIFICATE, _certificate), (state.HEAL_DRIFT, _heal_drift))
 
 
 def button(where=None) -> None:

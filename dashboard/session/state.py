@@ -36,8 +36,9 @@ METHOD_COMPARE = "lab.method_compare"  # the last ComparisonResult of the method
 CHOICE = "lab.choice"  # the last ChoiceResult (Skip set page: the budgeted choice)
 CERTIFICATE = "lab.certificate"  # the last CertifyResult (Skip set page: the certified choice)
 STEPTHROUGH = "lab.stepthrough"  # the last StepThrough shown
+HEAL_DRIFT = "lab.heal_drift"  # the last drift-while-healing result (HealDrift as a dict)
 RESULTS = (CALIBRATION, GENERATION, DRIFT, DRIFT_B, DRIFT_LENGTH, SWEEP, STEPTHROUGH, IMPORTANCE,
-           METHOD_COMPARE, CHOICE, CERTIFICATE)
+           METHOD_COMPARE, CHOICE, CERTIFICATE, HEAL_DRIFT)
 SHOWN_FOR = "lab.results_model"  # the model whose results RESULTS hold now
 ARCHIVE = "lab.results_by_model"  # model -> {key: (result, context)} of the other models
 PRESENT = "lab.present"  # True in the presenter's view (large type, fewer controls)

@@ -3,13 +3,15 @@
     python -m pop_analysis examples --model smollm2-135m --threads 2
     python -m pop_analysis examples --model gemma3-270m --parts stepthrough,generation
     python -m pop_analysis examples --model smollm2-135m --parts sweep --retime --threads 2
+    python -m pop_analysis examples --model gemma3-270m --parts heal_drift
 
-Each part runs the library as the dashboard's defaults would (a calibration of 64 built-in
-prompts, drift on the long example prompt, the ratio sweep on GSM8K, a generation and a
-step-through on the default prompts, the paper's last third skipped) on a fresh, temporary results
-store, and copies the store's entry with a label (model, data, machine, date, this command) to
-pop_analysis/examples/<model>/<kind>.json; SHA256SUMS is rewritten. The prompts are the first
-ones of each set and the default examples, never chosen for how they come out.
+Each part runs the library as the dashboard's defaults would (a calibration of 64 built-in prompts,
+drift on the long example prompt, the ratio sweep on GSM8K, a generation and a step-through on the
+default prompts, the drift while healing on the long prompt, the paper's last third skipped) on a
+fresh, temporary results store, and copies the store's entry with a label (model, data, machine,
+date, this command) to pop_analysis/examples/<model>/<kind>.json; SHA256SUMS is rewritten. The
+prompts are the first ones of each set and the default examples, never chosen for how they come
+out.
 
 A timing the protocol flags is never stored (speed/example_timings.py says what passes): before
 each part with a timing the command waits for a quiet machine (--quiet-wait), and a part whose
@@ -47,6 +49,10 @@ from pop_vllm.run_setting import RunSetting
 PARTS = ex.KINDS
 CALIBRATION = {"data": "builtin", "samples": 64, "response_tokens": 32}
 SWEEP = {"dataset": "gsm8k", "samples": 64, "new_tokens": 16, "repeats": 3}
+# Healing on the long prompt, a budget large enough that the cache is the full model's within
+# the recorded steps (the Drift page's default budget, 16, heals a few hundred positions too
+# slowly for 12 steps to show the end).
+HEAL_DRIFT = {"budget_positions": 64, "chunk": 16, "new_tokens": 12}
 STEP_PROMPT = STEP
 
 
@@ -247,6 +253,17 @@ def _stepthrough(lm) -> None:
     stp.cached_stepthrough(lm, ids, _skip(lm), stp.StepConfig(), STEP_PROMPT, use_cache=False)
 
 
+def _heal_drift(lm) -> None:
+    from pop_analysis.data.example_prompts import LONG
+    from pop_analysis.engine.generate import encode
+    from pop_analysis.inspection.heal_drift import cached_healing_drift
+    from pop_vllm.healing import make
+
+    heal = make("budget", HEAL_DRIFT["chunk"], budget_positions=HEAL_DRIFT["budget_positions"])
+    cached_healing_drift(lm, encode(lm, LONG, raw=_raw(lm)), RunSetting(_skip(lm), heal=heal),
+                         HEAL_DRIFT["new_tokens"], use_cache=False)
+
+
 MAKERS = {  # part -> (its data, in words; the maker)
     "calibration": (lambda lm: f"{CALIBRATION['samples']} built-in prompts, responses of up to "
                                f"{CALIBRATION['response_tokens']} sampled tokens", _calibration),
@@ -257,4 +274,8 @@ MAKERS = {  # part -> (its data, in words; the maker)
     "generation": (lambda lm: "the long example prompt (a town's history), 32 greedy tokens, "
                               "the paper's last third skipped", _generation),
     "stepthrough": (lambda lm: f"'{STEP_PROMPT}', the paper's last third skipped", _stepthrough),
+    "heal_drift": (lambda lm: "the long example prompt (a town's history), the paper's last third "
+                              f"skipped, healed {HEAL_DRIFT['budget_positions']} positions per step "
+                              f"in chunks of {HEAL_DRIFT['chunk']}, {HEAL_DRIFT['new_tokens']} "
+                              "greedy tokens", _heal_drift),
 }

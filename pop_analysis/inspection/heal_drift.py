@@ -4,6 +4,8 @@ averaged over the positions both caches hold). It starts at plain POP's drift an
 layer by layer, as the healed prefix grows (docs/healing.md)."""
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 
 import torch
@@ -11,11 +13,16 @@ import torch
 from pop_analysis.engine.heal import heal_greedy, heal_prompt
 from pop_analysis.engine.models import LoadedModel
 from pop_analysis.engine.pop import check_prompt, teacher_force
+from pop_analysis.store import results as store
+from pop_analysis.store.records import check
+from pop_analysis.store.schema import Record
 from pop_vllm.run_setting import RunSetting
+
+KIND = "heal_drift"  # store kind (and the stored example's kind)
 
 
 @dataclass
-class HealDrift:
+class HealDrift(Record):
     model: str
     prompt_tokens: int
     skip_layers: list[int]
@@ -52,6 +59,21 @@ def healing_drift(lm: LoadedModel, prompt_ids: list[int], setting: RunSetting,
     heal_greedy(a, first, healer, n_new, record)
     out.horizon = healer.horizon if healer else None
     return out
+
+
+def cached_healing_drift(lm: LoadedModel, prompt_ids, setting: RunSetting, n_new: int = 16,
+                         use_cache: bool = True, notice=None) -> tuple[HealDrift, bool]:
+    """healing_drift() through the results store; the bool says whether it was a cache hit."""
+    ids = [int(t) for t in prompt_ids]
+    params = {"model": lm.name, "dtype": str(lm.dtype), "layers": lm.adapter.n_layers,
+              "prompt_sha": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
+              "prompt_tokens": len(ids), "skip": list(setting.skip),
+              "heal": setting.heal.as_dict(), "new_tokens": n_new}
+    expect = {"model": lm.name, "prompt_tokens": len(ids), "skip_layers": params["skip"]}
+    payload, hit = store.cached(
+        KIND, params, lambda: healing_drift(lm, ids, setting, n_new).to_dict(), use_cache,
+        lambda p: check(KIND, HealDrift, p, lm.adapter.n_layers, expect), notice)
+    return HealDrift.from_dict(payload), hit
 
 
 def _prompt_rows(a, cache, ref, i: int, n: int):

@@ -20,7 +20,7 @@ from pop_analysis.store.results import KEY_PATTERN, read_entry, warn
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"  # pop_analysis/examples/
 SUMS = "SHA256SUMS"
-KINDS = ("calibration", "drift", "sweep", "generation", "stepthrough")
+KINDS = ("calibration", "drift", "sweep", "generation", "stepthrough", "heal_drift")
 LABEL_FIELDS = ("model", "data", "machine", "date", "command")
 
 

@@ -363,9 +363,22 @@ def _generation(d: dict, n_layers: int | None, expect: dict) -> None:
                     _length(per_layer, n_layers, f"{side}.counts.{stage}.{kind}")
 
 
+def _heal_drift(d: dict, n_layers: int | None, expect: dict) -> None:
+    steps = len(d["tokens_out"])
+    if steps < 1:
+        raise RecordError("tokens_out is empty: no step was recorded")
+    _ints(d["tokens_out"], "tokens_out", 1, 10 ** 6)
+    _ints(d["healed"], "healed", 0, 10 ** 7)
+    _length(d["healed"], steps, "healed")
+    width = n_layers
+    for q in ("k", "v"):
+        width = _matrix(d[q], steps, width, q)
+    _layer_ids(d["skip_layers"], width, "skip_layers")
+
+
 _SHAPES = {"calibration": _calibration, "drift": _drift, "sweep": _sweep,
            "drift_by_length": _drift_by_length, "stepthrough": _stepthrough,
-           "generation": _generation}
+           "generation": _generation, "heal_drift": _heal_drift}
 
 
 def _short(v, limit: int = 40) -> str:

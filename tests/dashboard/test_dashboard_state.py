@@ -132,9 +132,12 @@ def test_every_page_offers_downloads_and_the_report_covers_the_session():
     assert any(b.proto.label.startswith("Report of this session") for b in at.get("download_button"))
     snap = {"model": "smollm2-135m", "skip": at.session_state["lab.skip"],
             "models": {"smollm2-135m": {"lab.drift": (at.session_state["lab.drift"],
-                                                      {"prompt": "x"})}}}
+                                                      {"prompt": "x"}),
+                                        "lab.heal_drift": (at.session_state["lab.heal_drift"],
+                                                           {"example": "Stored example: y"})}}}
     page = report.build(snap)
     assert page.startswith("<!doctype html>") and "Drift: " in page and "Made from: prompt: x" in page
+    assert "Drift while healing: 439 prompt tokens" in page and "Stored example: y" in page
     assert page.count("plotly.js") >= 1 and page.count("<script") >= 2, "plotly inlined once"
 
 

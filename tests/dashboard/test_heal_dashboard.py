@@ -34,15 +34,25 @@ def test_healing_is_offered_only_for_variants_it_can_heal():
 
 def test_the_drift_page_shows_each_layers_drift_falling_to_zero_while_healing():
     at = goto(app(), "drift")
+    shipped = at.session_state["lab.heal_drift"]  # class mode: the stored example first
+    assert shipped["model"] == "smollm2-135m" and shipped["horizon"] is not None
+    assert max(shipped["v"][-1]) < 1e-5 < max(shipped["v"][0][21:])
+    assert any("Stored example: smollm2-135m" in t and "healed 64 positions per step" in t
+               for t in texts(at.info).split("\n")), texts(at.info)
+    assert f"after {shipped['horizon']} tokens" in texts(at.caption)
     at.number_input(key="drift.heal_budget").set_value(12)
     at.number_input(key="drift.heal_steps").set_value(6)
     at.button(key="drift.heal_go").click().run()
     assert not at.exception and not at.error, texts(at.error)
     res = at.session_state["lab.heal_drift"]
-    assert res["horizon"] is not None and res["healed"][-1] > res["prompt_tokens"]
+    assert res["heal"]["budget_positions"] == 12 and res["horizon"] is not None
+    assert res["healed"][-1] > res["prompt_tokens"]
     first, last = res["v"][0], res["v"][-1]
     assert max(first[21:]) > 1e-3 and max(last) < 1e-5  # layers above f=20 drift, then none do
     assert f"after {res['horizon']} tokens" in texts(at.caption)
+    assert "healed 64 positions per step" not in texts(at.info)  # the user's run replaced it
+    at.button(key="example.heal_drift").click().run()
+    assert at.session_state["lab.heal_drift"] == shipped
 
 
 def test_the_step_through_shows_the_healing_pass_between_the_first_token_and_decode():

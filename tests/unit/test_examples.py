@@ -11,13 +11,14 @@ from pop_analysis.engine.embedded import REGISTRY
 from pop_analysis.experiments.sweep import SweepResult
 from pop_analysis.importance.calibrate import CalibrationResult
 from pop_analysis.inspection.drift import DriftResult
+from pop_analysis.inspection.heal_drift import HealDrift
 from pop_analysis.inspection.side_by_side import GenerationResult
 from pop_analysis.inspection.stepthrough import StepThrough
 from pop_analysis.store import examples as ex
 from pop_analysis.store.records import check
 
 CLASSES = {"calibration": CalibrationResult, "drift": DriftResult, "sweep": SweepResult,
-           "generation": GenerationResult, "stepthrough": StepThrough}
+           "generation": GenerationResult, "stepthrough": StepThrough, "heal_drift": HealDrift}
 LAYERS = {"smollm2-135m": 30, "gemma3-270m": 18}  # the embedded models' depths
 
 

@@ -237,3 +237,24 @@ def test_the_drift_of_each_layer_falls_to_zero_as_healing_proceeds(family):
             if lm.adapter.windows[i] is None:  # a window's moving rows make its mean jump
                 assert all(b <= a + 1e-6 for a, b in zip(col, col[1:])), (i, col)
             assert all(d < 1e-5 for d in col[4:]), (i, col)  # exact once 4 tokens are out
+
+
+def test_the_healing_drift_goes_through_the_results_store_and_its_record_is_checked(tmp_results):
+    from pop_analysis.inspection.heal_drift import KIND, HealDrift, cached_healing_drift
+    from pop_analysis.store.records import RecordError, check
+
+    lm = tiny_model("llama")
+    setting = RunSetting((2, 4), heal=make("budget", chunk=4, budget_positions=6))
+    first, hit = cached_healing_drift(lm, tiny_prompt(20), setting, 8)
+    again, hit_again = cached_healing_drift(lm, tiny_prompt(20), setting, 8)
+    assert (hit, hit_again) == (False, True) and again == first and first.horizon == 4
+    other, hit_other = cached_healing_drift(lm, tiny_prompt(20), setting.replace(
+        heal=make("budget", chunk=4, budget_positions=12)), 8)
+    assert not hit_other and other.horizon < first.horizon  # the budget is part of the key
+    good = first.to_dict()
+    check(KIND, HealDrift, good, lm.adapter.n_layers)
+    bad_records = [({"v": good["v"][:-1]}, "v has"), ({"k": [r[:-1] for r in good["k"]]}, r"k\[0\]"),
+                   ({"healed": good["healed"][:-1]}, "healed"), ({"skip_layers": [2, 9]}, "skip_layers")]
+    for bad, where in bad_records:
+        with pytest.raises(RecordError, match=where):
+            check(KIND, HealDrift, {**good, **bad}, lm.adapter.n_layers)
