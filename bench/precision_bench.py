@@ -58,7 +58,10 @@ LENGTHS = (32, 128, 512, 2048)
 
 
 def write(name: str, payload: dict, args) -> None:
-    payload = {**payload, "threads": torch.get_num_threads(), "load": os.getloadavg()}
+    from pop_analysis.speed.machine import cpu_model, int8_isa
+
+    payload = {**payload, "threads": torch.get_num_threads(), "load": os.getloadavg(),
+               "cpu": cpu_model(), "int8_isa": int8_isa()}
     if name not in _RUN:
         _RUN[name] = RawFile("precision_bench", args, what=name)
     print(f"wrote {_RUN[name].write(payload)}", file=sys.stderr)

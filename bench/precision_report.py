@@ -129,11 +129,18 @@ def plot(model: str, ttft: dict | None, rows, tokens: int = 512) -> Path | None:
     return path
 
 
+def _newest(out: Path, what: str) -> dict | None:
+    """The newest raw output of one stage (files are named what__parameters__start.json)."""
+    found = latest(out, f"{what}__*.json")
+    return json.loads(found[-1].read_text()) if found else None
+
+
 def report(out: Path) -> str:
     lines = []
-    kern = out / "kernels.json"
-    if kern.exists():
-        k = json.loads(kern.read_text())
+    k = _newest(out, "kernels")
+    if k:
+        lines += [f"CPU: {k.get('cpu', 'not recorded')}; int8 instructions: "
+                  f"{', '.join(k['int8_isa']) if k.get('int8_isa') else k.get('int8_isa', 'not recorded')}", ""]
         lines += [f"## Kernels (torch {k['torch']}, torchao {k['torchao']})", "",
                   "| model | proj | kernel | tokens | speedup | rel. error | flag |",
                   "|---|---|---|---|---|---|---|"]
@@ -141,8 +148,7 @@ def report(out: Path) -> str:
                   f"{r['speedup']:.2f}x | {r['rel_error']:.4f} | {r['note'] or 'trusted'} |"
                   for r in k["rows"]]
     for model in ("smollm2-135m", "gemma3-270m"):
-        path = out / f"ttft_{model}.json"
-        ttft = json.loads(path.read_text()) if path.exists() else None
+        ttft = _newest(out, f"ttft_{model}")
         q = merged_quality(out, model)
         rows = quality_rows(q) if q else None
         lines += ["", f"## {model}"]
@@ -154,9 +160,9 @@ def report(out: Path) -> str:
         if rows:
             lines += ["", "Quality (GSM8K test, gold answers; paired against the full model)", ""]
             lines += _quality_table(rows)
-        plan = out / f"plan_{model}.json"
-        if plan.exists():
-            lines += ["", "Planner against the grid", ""] + _plan_table(json.loads(plan.read_text()))
+        plan = _newest(out, f"plan_{model}")
+        if plan:
+            lines += ["", "Planner against the grid", ""] + _plan_table(plan)
         png = plot(model, ttft, rows)
         if png:
             lines += ["", f"![frontier](precision/{png.name})"]
