@@ -117,7 +117,7 @@ def stage_quality(lm, args) -> None:
 
     def step(k):
         done[0] += k
-        log(f"quality {done[0]}/{len(items) * len(variants)} item-variants")
+        log(f"quality {done[0]}/{len(items) * (len(variants) + 1)} item-runs (the full model too)")
     scores = evaluate_variants(lm, items, variants, args.max_new_tokens, generate=True, step=step)
     log("drift")
     drift = drift_rows(lm, items, configs)

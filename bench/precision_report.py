@@ -57,6 +57,20 @@ def quality_rows(q: dict) -> list[dict]:
     return rows
 
 
+def kl_share(q: dict) -> tuple[float, tuple[float, float], int]:
+    """The quality goal's figure: prefill-only int8's mean continuation KL over uniform int8's,
+    with a paired BCa bootstrap interval (items resampled together), and n."""
+    import numpy as np
+    from scipy import stats as sps
+
+    a = np.array(q["per_item"]["int8 prefill"]["next_token_kl"])
+    b = np.array(q["per_item"]["uniform int8"]["next_token_kl"])
+    ratio = lambda x, y, axis=-1: x.mean(axis=axis) / y.mean(axis=axis)  # noqa: E731
+    ci = sps.bootstrap((a, b), ratio, paired=True, vectorized=True, n_resamples=10000,
+                       method="BCa", random_state=0).confidence_interval
+    return float(ratio(a, b)), (float(ci.low), float(ci.high)), len(a)
+
+
 def _ttft_table(d: dict) -> list[str]:
     lines = ["| tokens | configuration | against | speedup | IQR | rounds | flag |",
              "|---|---|---|---|---|---|---|"]
@@ -90,7 +104,7 @@ def _plan_table(d: dict) -> list[str]:
                      f"{r['kl_ci'][1]:.4f}] | {r['note'] or 'trusted'} |")
     share = f"{c['share_of_best']:.2f}" if c["share_of_best"] is not None else "n/a"
     lines += ["", f"Exhaustive search over {c['searched']} configurations: the fastest at KL <= "
-              f"the pick's ({c['pick_loss']:.4f}) is {c['best']} at {c['best_speedup']}x; the "
+              f"the pick's ({c['pick_loss']:.4f}) is {c['best']} at {c['best_speedup']:.2f}x; the "
               f"pick reaches {share} of it. Frontier: {', '.join(d['frontier'])}."]
     return lines
 
@@ -160,6 +174,10 @@ def report(out: Path) -> str:
         if rows:
             lines += ["", "Quality (GSM8K test, gold answers; paired against the full model)", ""]
             lines += _quality_table(rows)
+            share, (lo, hi), n = kl_share(q)
+            lines += ["", f"Prefill-only int8's continuation KL / uniform int8's: {share:.3f} "
+                          f"[{lo:.3f}, {hi:.3f}] (paired BCa bootstrap, n = {n}; the goal: at most "
+                          "1/3)"]
         plan = _newest(out, f"plan_{model}")
         if plan:
             lines += ["", "Planner against the grid", ""] + _plan_table(plan)
