@@ -185,12 +185,13 @@ def test_drift_page_draws_the_curves():
     assert not at.exception and not at.error, texts(at.error)
     res = at.session_state["lab.drift"]
     assert res.skip_layers == list(range(20, 30)) and len(res.kl) == 2
-    assert len(charts(at)) == 3, "cosine curves, heatmap, decode steps"
+    keys = [c.key for c in charts(at)]  # the healing section still shows its stored example
+    assert keys == ["drift.curves", "drift.heat", "drift.steps_chart", "drift.heal_chart"], keys
     at.multiselect(key="drift.lengths").set_value([16, 32])
     wait_jobs(at.button(key="drift.len_go").click().run())
     assert not at.exception and not at.error, texts(at.error)
     assert [r["length"] for r in at.session_state["lab.drift_by_length"]] == [16, 32]
-    assert len(charts(at)) == 4
+    assert len(charts(at)) == 5, "the four above and drift vs length"
     # Pin the run as B, measure another skip set as A: both side by side.
     at.button(key="drift.pin").click().run()
     at.text_input(key="w.skip").set_value("25-29").run()
@@ -198,7 +199,8 @@ def test_drift_page_draws_the_curves():
     wait_jobs(at.button(key="drift.go").click().run())
     assert at.session_state["lab.drift"].skip_layers == [25, 26, 27, 28, 29]
     assert at.session_state["lab.drift_b"].skip_layers == list(range(20, 30))
-    assert len(charts(at)) == 6, "A's three charts, A and B side by side, drift vs length"
+    assert len(charts(at)) == 7, ("A's three charts, A and B side by side, the healing example, "
+                                  "drift vs length")
     assert at.dataframe, "the block-mean table of A and B"
 
 
