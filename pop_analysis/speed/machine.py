@@ -54,15 +54,20 @@ class Rates:
         return max(self.flops_per_s)
 
 
-def cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in /proc/cpuinfo (None where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 INT8_ISA = ("amx_int8", "avx512_vnni", "avx_vnni")  # CPU features int8 matrix kernels use
@@ -71,15 +76,8 @@ INT8_ISA = ("amx_int8", "avx512_vnni", "avx_vnni")  # CPU features int8 matrix k
 def int8_isa() -> list[str]:
     """Which of INT8_ISA this CPU has: whether int8 products have a fast path here (without
     them, torch's int8 matmul on CPU ran 17-50x slower than fp32; docs/precision.md)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return [x for x in INT8_ISA if x in have]
-    except OSError:
-        pass
-    return []
+    have = set((_cpuinfo("flags") or "").split())
+    return [x for x in INT8_ISA if x in have]
 
 
 def rates_key(device, dtype, threads: int, shape: tuple[int, int]) -> str:
