@@ -76,8 +76,10 @@ if rec is None:
     st.stop()
 with player:
     heal = rec.config.get("heal") or {}  # records made before healing have none
+    per_step = f" {heal['budget_positions']} positions per step" if heal.get("budget_positions") \
+        else ""
     about = (f"{rec.model} · '{rec.prompt}' ({len(rec.prompt_ids)} tokens) · skipped "
-             f"{describe(rec.skip_layers)}" + (f" · healing {heal['policy']}" if heal.get(
+             f"{describe(rec.skip_layers)}" + (f" · healing {heal['policy']}{per_step}" if heal.get(
                  "policy", "none") != "none" else ""))
     if not present:
         st.subheader(about)
@@ -89,7 +91,10 @@ with player:
     if present:
         st.caption(about)
         widgets.made_from(state.STEPTHROUGH, now, "Record this prompt")
-    classmode.offer_back("stepthrough", lm.name, n)
+    back = st.columns(2)
+    classmode.offer_back("stepthrough", lm.name, n, back[0])
+    classmode.offer_back("heal_stepthrough", lm.name, n, back[1],
+                         label="Show the stored healing example")
 exports.offer("stepthrough", data=rec.to_dict(), figures=figures,
               rows=[{"run": s["run"], "stage": s["stage"], "time_ms": s["time_ms"],
                      "flops": s["flops"], "token": (s["token"] or [None, ""])[1]} for s in rec.steps])

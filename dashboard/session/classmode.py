@@ -16,8 +16,10 @@ from pop_analysis.store import examples as ex
 
 KEYS = {"calibration": state.CALIBRATION, "drift": state.DRIFT, "sweep": state.SWEEP,
         "generation": state.GENERATION, "stepthrough": state.STEPTHROUGH,
-        "heal_drift": state.HEAL_DRIFT}
+        "heal_drift": state.HEAL_DRIFT,
+        "heal_stepthrough": state.STEPTHROUGH}  # after "stepthrough": a session opens on that one
 EXAMPLE = "example"  # the context key that marks a shown result as a stored example
+EXAMPLE_KIND = "example kind"  # and which one (two kinds share the step-through's place)
 FILLED = "lab.examples_filled"  # models whose examples this session has placed
 
 
@@ -31,7 +33,8 @@ def _classes() -> dict:
     from pop_analysis.inspection.stepthrough import StepThrough
 
     return {"calibration": CalibrationResult, "drift": DriftResult, "sweep": SweepResult,
-            "generation": GenerationResult, "stepthrough": StepThrough, "heal_drift": HealDrift}
+            "generation": GenerationResult, "stepthrough": StepThrough, "heal_drift": HealDrift,
+            "heal_stepthrough": StepThrough}
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -42,7 +45,8 @@ def stored(model: str, kind: str, n_layers: int | None, checked: bool = True):
 
     notes: list[str] = []
     cls = _classes()[kind] if checked else None
-    got = ex.load_example(model, kind, lambda p: check(kind, cls, p, n_layers), notes.append)
+    got = ex.load_example(model, kind, lambda p: check(ex.store_kind(kind), cls, p, n_layers),
+                          notes.append)
     return got, notes
 
 
@@ -66,7 +70,8 @@ def generation_view(g) -> dict:
 
 
 def context(example: ex.Example) -> dict:
-    return {EXAMPLE: example.caption(), "command": example.label["command"]}
+    return {EXAMPLE: example.caption(), "command": example.label["command"],
+            EXAMPLE_KIND: example.kind}
 
 
 def fill(model: str, n_layers: int) -> None:
@@ -97,16 +102,23 @@ def is_example(key: str) -> bool:
     return EXAMPLE in state.context_of(key)
 
 
+def shown_kind(key: str) -> str | None:
+    """The example kind shown under `key` (None for the user's own result)."""
+    ctx = state.context_of(key)
+    return ctx.get(EXAMPLE_KIND) if EXAMPLE in ctx else None
+
+
 def has_example(kind: str, model: str, n_layers: int) -> bool:
     return stored(model, kind, n_layers)[0] is not None
 
 
-def offer_back(kind: str, model: str, n_layers: int, where=None) -> None:
-    """Under the user's own result: a button that shows the stored example again (the user's
-    run stays in the results store, one Load away)."""
-    if is_example(KEYS[kind]) or not has_example(kind, model, n_layers):
+def offer_back(kind: str, model: str, n_layers: int, where=None,
+               label: str = "Show the stored example again") -> None:
+    """Under any result but this example: a button that shows the stored example of `kind` (the
+    user's run stays in the results store, one Load away)."""
+    if shown_kind(KEYS[kind]) == kind or not has_example(kind, model, n_layers):
         return
-    (where or st).button("Show the stored example again", key=f"example.{kind}",
+    (where or st).button(label, key=f"example.{kind}",
                          on_click=restore, args=(kind, model, n_layers),
                          help="the example shipped with POP Lab; your run stays in the results "
                               "store (Load it again from the stored runs)")

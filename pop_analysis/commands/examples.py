@@ -4,10 +4,12 @@
     python -m pop_analysis examples --model gemma3-270m --parts stepthrough,generation
     python -m pop_analysis examples --model smollm2-135m --parts sweep --retime --threads 2
     python -m pop_analysis examples --model gemma3-270m --parts heal_drift
+    python -m pop_analysis examples --model smollm2-135m --parts heal_stepthrough --threads 2
 
 Each part runs the library as the dashboard's defaults would (a calibration of 64 built-in prompts,
 drift on the long example prompt, the ratio sweep on GSM8K, a generation and a step-through on the
-default prompts, the drift while healing on the long prompt, the paper's last third skipped) on a
+default prompts, the drift while healing on the long prompt, the step-through again with POP
+healing its cache 16 positions per step, the paper's last third skipped) on a
 fresh, temporary results store, and copies the store's entry with a label (model, data, machine,
 date, this command) to pop_analysis/examples/<model>/<kind>.json; SHA256SUMS is rewritten. The
 prompts are the first ones of each set and the default examples, never chosen for how they come
@@ -53,6 +55,9 @@ SWEEP = {"dataset": "gsm8k", "samples": 64, "new_tokens": 16, "repeats": 3}
 # the recorded steps (the Drift page's default budget, 16, heals a few hundred positions too
 # slowly for 12 steps to show the end).
 HEAL_DRIFT = {"budget_positions": 64, "chunk": 16, "new_tokens": 12}
+# The step-through page's own healing default: the 37-token prompt heals in three passes, one
+# before each decode step, so the last step decodes from the full model's cache.
+HEAL_STEP = {"budget_positions": 16}
 STEP_PROMPT = STEP
 
 
@@ -113,7 +118,7 @@ def make_part(lm, part: str, args, root) -> tuple[dict, float | None]:
             retime_sweep(lm, entry["payload"])  # the quality half stands; only speed is redone
         else:
             MAKERS[part][1](lm)  # use_cache=False: the part's one store entry is rewritten
-            entry = _only_entry(part)
+            entry = _only_entry(ex.store_kind(part))
         problems = example_timings.problems(part, entry["payload"])
         if not problems:
             break
@@ -253,6 +258,15 @@ def _stepthrough(lm) -> None:
     stp.cached_stepthrough(lm, ids, _skip(lm), stp.StepConfig(), STEP_PROMPT, use_cache=False)
 
 
+def _heal_stepthrough(lm) -> None:
+    from pop_analysis.inspection import stepthrough as stp
+    from pop_vllm.healing import make
+
+    cfg = stp.StepConfig(heal=make("budget", budget_positions=HEAL_STEP["budget_positions"]))
+    ids = stp.encode_short(lm, STEP_PROMPT)
+    stp.cached_stepthrough(lm, ids, _skip(lm), cfg, STEP_PROMPT, use_cache=False)
+
+
 def _heal_drift(lm) -> None:
     from pop_analysis.data.example_prompts import LONG
     from pop_analysis.engine.generate import encode
@@ -278,4 +292,7 @@ MAKERS = {  # part -> (its data, in words; the maker)
                               f"skipped, healed {HEAL_DRIFT['budget_positions']} positions per step "
                               f"in chunks of {HEAL_DRIFT['chunk']}, {HEAL_DRIFT['new_tokens']} "
                               "greedy tokens", _heal_drift),
+    "heal_stepthrough": (lambda lm: f"'{STEP_PROMPT}', the paper's last third skipped, POP "
+                                    f"healed {HEAL_STEP['budget_positions']} positions per step",
+                         _heal_stepthrough),
 }

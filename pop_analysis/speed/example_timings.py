@@ -54,8 +54,8 @@ def sweep_problems(p: dict) -> list[str]:
     return out
 
 
-CHECKS = {"stepthrough": stepthrough_problems, "generation": generation_problems,
-          "sweep": sweep_problems}
+CHECKS = {"stepthrough": stepthrough_problems, "heal_stepthrough": stepthrough_problems,
+          "generation": generation_problems, "sweep": sweep_problems}
 
 
 def problems(kind: str, payload: dict) -> list[str]:

@@ -20,7 +20,11 @@ from pop_analysis.store.results import KEY_PATTERN, read_entry, warn
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"  # pop_analysis/examples/
 SUMS = "SHA256SUMS"
-KINDS = ("calibration", "drift", "sweep", "generation", "stepthrough", "heal_drift")
+KINDS = ("calibration", "drift", "sweep", "generation", "stepthrough", "heal_drift",
+         "heal_stepthrough")
+# An example kind that is a store entry of another kind: the healed step-through is a step-through
+# record whose POP run heals (its example file has its own name, its envelope the store's kind).
+STORE_KINDS = {"heal_stepthrough": "stepthrough"}
 LABEL_FIELDS = ("model", "data", "machine", "date", "command")
 
 
@@ -38,6 +42,20 @@ class Example:
         """'Stored example: smollm2-135m · 64 WizardLM prompts · <machine> · 2026-12-02'."""
         lab = self.label
         return f"Stored example: {lab['model']} · {lab['data']} · {lab['machine']} · {lab['date']}"
+
+
+def store_kind(kind: str) -> str:
+    """The results-store kind an example of `kind` is an entry of."""
+    return STORE_KINDS.get(kind, kind)
+
+
+def _heals(payload: dict) -> None:
+    heal = (payload.get("config") or {}).get("heal") or {}
+    if heal.get("policy", "none") == "none":
+        raise RecordError("its POP run does not heal (config.heal)")
+
+
+REQUIRES = {"heal_stepthrough": _heals}  # what an example kind asks beyond its store kind's check
 
 
 def example_path(model: str, kind: str, root: Path | None = None) -> Path:
@@ -91,13 +109,14 @@ def load_example(model: str, kind: str, check=None, notice=None,
             raise RecordError("no store key")
         if not isinstance(label, dict) or not all(isinstance(label.get(f), str) for f in LABEL_FIELDS):
             raise RecordError("no label (model, data, machine, date, command)")
-        payload = read_entry(path, kind, key)
+        payload = read_entry(path, store_kind(kind), key)
         made_with = {label["model"], payload.get("model") if isinstance(payload, dict) else None}
         if made_with != {model}:  # a file copied into another model's folder, or mislabelled
             raise RecordError(f"it was made with {', '.join(sorted(map(str, made_with - {model})))},"
                               f" not {model}")
         if check is not None:
             check(payload)
+        REQUIRES.get(kind, lambda _p: None)(payload)
         return Example(kind, model, payload, label, key)
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         (notice or warn)(f"stored example {model}/{kind} not used ({first_line(e)})")
@@ -108,8 +127,8 @@ def write_example(model: str, kind: str, entry: dict, label: dict, root: Path | 
     """Copy a store entry (its whole envelope) to the examples folder with its label; the
     checksum file is rewritten."""
     missing = [f for f in LABEL_FIELDS if not isinstance(label.get(f), str)]
-    if missing or entry.get("kind") != kind:
-        raise ValueError(f"an example needs a {kind} entry and a label with {', '.join(missing)}")
+    if missing or entry.get("kind") != store_kind(kind):
+        raise ValueError(f"an example needs a {store_kind(kind)} entry and a label with {', '.join(missing)}")
     path = example_path(model, kind, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**entry, "example": dict(label)}, separators=(",", ":")),

@@ -130,7 +130,8 @@ FIRST_TOKENS = """() => {
 
 def test_the_shipped_step_throughs_show_pops_first_token_earlier(server, browser_page):
     """The lesson on the clock of each embedded model's stored example: POP's first token comes
-    before the full model's."""
+    before the full model's; so on the stored healing example, whose frames reach a healing pass
+    from the keyboard."""
     page = browser_page
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.goto(server["url"] + "/stepthrough")
@@ -146,3 +147,16 @@ def test_the_shipped_step_throughs_show_pops_first_token_earlier(server, browser
         marks = wait_for(page, f"the first-token marks of {name}", FIRST_TOKENS)
         assert marks["pop"] < marks["full"], (name, marks)
         shot(page, f"class_clock_{name}")
+        healing = page.get_by_role("button", name="Show the stored healing example")
+        rerun(page, healing.click, f"the stored healing example of {name}")
+        visible(page, page.get_by_text(re.compile("healing budget 16 positions per step")).first,
+                f"the healing example of {name}")
+        marks = wait_for(page, f"the healing example's first-token marks of {name}", FIRST_TOKENS)
+        assert marks["pop"] < marks["full"], (name, marks)
+        for _ in range(8):  # → to the first healing pass (frame 4: after the boundary step)
+            if page.get_by_text("Healing before decode step 1").count():
+                break
+            press(page, "ArrowRight", "→ towards the healing pass")
+        visible(page, page.get_by_text(re.compile("Healing before decode step 1: layers")).first,
+                f"the first healing pass of {name}")
+        shot(page, f"class_heal_step_{name}")

@@ -38,6 +38,31 @@ def test_an_own_run_replaces_the_example_and_a_button_brings_it_back():
     assert "Stored example: smollm2-135m" in label(at)
 
 
+def test_the_stored_healing_example_is_one_button_away_and_steps_through_its_heal_passes():
+    at = goto(app(), "stepthrough")
+    plain = at.session_state["lab.stepthrough"]
+    assert _policy(plain) == "none", "a session opens on the paper's POP"
+    at.button(key="example.heal_stepthrough").click().run()
+    healed = at.session_state["lab.stepthrough"]
+    assert healed.prompt == plain.prompt and healed.config["heal"]["policy"] == "budget"
+    assert "healing budget 16 positions per step" in texts(at.subheader)
+    assert "Stored example: smollm2-135m" in label(at)
+    stages = [s["stage"] for s in healed.steps if s["run"] == "pop"]
+    assert stages[:3] == ["prefill", "boundary", "heal 1"] and "heal 3" in stages
+    assert not _has(at, "example.heal_stepthrough") and _has(at, "example.stepthrough")
+    at.button(key="example.stepthrough").click().run()  # and back to the plain one
+    assert _policy(at.session_state["lab.stepthrough"]) == "none"
+    assert _has(at, "example.heal_stepthrough") and not _has(at, "example.stepthrough")
+
+
+def _policy(rec) -> str:
+    return (rec.config.get("heal") or {}).get("policy", "none")
+
+
+def _has(at, key: str) -> bool:
+    return any(b.key == key for b in at.button)
+
+
 def test_results_follow_the_model_and_the_keyboard_frame_is_in_the_url():
     at = goto(app(), "stepthrough")
     at.button(key="step-next").click().run()

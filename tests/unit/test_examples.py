@@ -18,7 +18,8 @@ from pop_analysis.store import examples as ex
 from pop_analysis.store.records import check
 
 CLASSES = {"calibration": CalibrationResult, "drift": DriftResult, "sweep": SweepResult,
-           "generation": GenerationResult, "stepthrough": StepThrough, "heal_drift": HealDrift}
+           "generation": GenerationResult, "stepthrough": StepThrough, "heal_drift": HealDrift,
+           "heal_stepthrough": StepThrough}
 LAYERS = {"smollm2-135m": 30, "gemma3-270m": 18}  # the embedded models' depths
 
 
@@ -35,8 +36,8 @@ def test_every_kind_ships_for_each_embedded_model_and_passes_the_record_checks(m
     assert set(LAYERS) == set(REGISTRY)
     for kind in ex.KINDS:
         notes = []
-        got = ex.load_example(model, kind, partial(check, kind, CLASSES[kind], n_layers=LAYERS[model]),
-                              notes.append)
+        got = ex.load_example(model, kind, partial(check, ex.store_kind(kind), CLASSES[kind],
+                                                   n_layers=LAYERS[model]), notes.append)
         assert got is not None, f"{model}/{kind}: {notes}"
         assert got.label["model"] == model and got.payload.get("model") == model
         assert "python -m pop_analysis examples --model " + model in got.label["command"]
@@ -79,12 +80,48 @@ def test_the_shipped_timings_teach_the_lesson(model):
     step-through's clock shows POP's first token before the full model's."""
     from pop_analysis.speed.example_timings import problems
 
-    for kind in ("stepthrough", "generation", "sweep"):
+    for kind in ("stepthrough", "heal_stepthrough", "generation", "sweep"):
         got = ex.load_example(model, kind)
         assert got is not None
         assert problems(kind, got.payload) == [], (model, kind, got.label["command"])
-    t = ex.load_example(model, "stepthrough").payload["ttft"]
-    assert t["pop_ms"] < t["full_ms"] and "clock" in t
+    for kind in ("stepthrough", "heal_stepthrough"):
+        t = ex.load_example(model, kind).payload["ttft"]
+        assert t["pop_ms"] < t["full_ms"] and "clock" in t
+
+
+@pytest.mark.parametrize("model", sorted(REGISTRY))
+def test_the_healing_step_through_heals_on_the_plain_ones_prompt_and_skip_set(model):
+    """The healed example is the shipped step-through's run with healing: the same prompt and skip
+    set, heal passes between the POP run's decode steps, and the full run untouched."""
+    plain, healed = (ex.load_example(model, k).payload for k in ("stepthrough", "heal_stepthrough"))
+    assert (healed["prompt"], healed["skip_layers"]) == (plain["prompt"], plain["skip_layers"])
+    pop = [s["stage"] for s in healed["steps"] if s["run"] == "pop"]
+    assert pop == ["prefill", "boundary", "heal 1", "decode 1", "heal 2", "decode 2", "heal 3",
+                   "decode 3"], "16 positions per step heal the 37-token prompt in three passes"
+    assert [s["stage"] for s in healed["steps"] if s["run"] == "full"] == \
+        [s["stage"] for s in plain["steps"] if s["run"] == "full"]
+    # the passes re-run every layer from the first skipped one up, nothing below it, over the
+    # positions in order: the prompt, then the two decode tokens that joined the queue meanwhile
+    n, first = len(healed["prompt_ids"]), min(healed["skip_layers"])
+    heals = [s for s in healed["steps"] if s["stage"].startswith("heal")]
+    for i in range(healed["n_layers"]):
+        rows = [p for s in heals for p in s["attention"][i]]
+        assert rows == (list(range(n + 2)) if i >= first else []), (model, i)
+        assert all(s["kv"][i] == [] and s["token"] is None for s in heals)
+
+
+def test_a_healing_example_that_does_not_heal_is_refused_in_one_line(tmp_path):
+    root = tmp_path / "examples"
+    shutil.copytree(ex.EXAMPLES_DIR, root)
+    path = ex.example_path("smollm2-135m", "heal_stepthrough", root)
+    entry = json.loads(path.read_text())
+    entry["payload"]["config"]["heal"] = {"policy": "none"}
+    path.write_text(json.dumps(entry))
+    ex.write_checksums(root)
+    notes = []
+    assert ex.load_example("smollm2-135m", "heal_stepthrough", notice=notes.append, root=root) is None
+    assert notes == ["stored example smollm2-135m/heal_stepthrough not used (its POP run does not "
+                     "heal (config.heal))"]
 
 
 def _shipped(kind: str) -> dict:
