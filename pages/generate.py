@@ -14,7 +14,7 @@ from pop_analysis.engine.generate import SamplingConfig, encode
 from pop_analysis.engine.skipset import Preset, describe, preset
 from pop_analysis.errors import first_line
 from pop_analysis.inspection.side_by_side import run_variant
-from pop_vllm.healing import HEALABLE, POLICIES
+from pop_vllm.healing import HEALABLE
 from pop_vllm.healing import make as make_heal
 from pop_vllm.run_setting import RunSetting, SettingError
 from pop_vllm.variants import Variant
@@ -59,12 +59,8 @@ if mode == "sampling":
     top_p = s[1].slider("Top-p", 0.05, 1.0, key=state.kept("gen.top_p", 0.9))
     seed = widgets.number(s[2], "Seed", 0, 2**31 - 1, key=state.kept("gen.seed", 0))
 h = st.columns([2, 1, 1])
-heal_policy = h[0].radio("Healing (after the first token)", POLICIES, horizontal=True,
-                         key=state.kept("gen.heal", "none"), disabled=variant not in HEALABLE,
-                         help="Recompute layers f..L-1 over the prompt between decode steps, so "
-                              "the cache becomes the full model's (docs/healing.md)")
-budget = widgets.number(h[1], "Positions per step", 2, 65536, key=state.kept("gen.heal_budget", 32),
-                        disabled=heal_policy != "budget")
+heal_policy, budget = widgets.heal_controls(h[0], h[1], "gen", 32, 65536,
+                                            disabled=variant not in HEALABLE)
 chunk = widgets.number(h[2], "Chunk (positions)", 1, 65536, key=state.kept("gen.heal_chunk", 64),
                        disabled=heal_policy == "none")
 heal_policy = heal_policy if variant in HEALABLE else "none"
@@ -75,8 +71,7 @@ st.caption(f"Skipped in prefill: layers {describe(run_skip)} ({len(run_skip)}/{n
 now = {"prompt": prompt, "variant": SHORT[variant], "skip set": describe(run_skip),
        "decoding": mode if mode == "greedy" else f"sampling (T {temperature}, top-p {top_p}, seed {seed})",
        "new tokens": int(max_new), "raw": raw,
-       "healing": heal_policy + (f" {int(budget)} per step"
-                                 if heal_policy == "budget" and budget is not None else "")}
+       "healing": widgets.heal_label(heal_policy, budget)}
 clicked = st.button("Generate", type="primary", key="gen.go", disabled=not prompt.strip() or widgets.refused(),
                     help=None if prompt.strip() else "type a prompt or pick an example first")
 

@@ -12,7 +12,6 @@ from pop_analysis.engine.skipset import describe
 from pop_analysis.errors import first_line
 from pop_analysis.inspection import stepthrough as stp
 from pop_analysis.progress import duration
-from pop_vllm.healing import POLICIES
 from pop_vllm.healing import make as make_heal
 
 st.title("Step through POP")
@@ -38,13 +37,8 @@ with box:
     prompt = c[0].text_input("Prompt (2-48 tokens, no chat template; POP gains visibly from ~30)",
                              key=state.kept("step.prompt", STEP))
     h = st.columns([3, 2, 3], vertical_alignment="bottom")
-    policy = h[0].radio("Healing (after the first token)", POLICIES, horizontal=True,
-                        key=state.kept("step.heal", "none"),
-                        help="POP then re-runs the pruned layers over the prompt between decode "
-                             "steps, so its cache becomes the full model's (docs/healing.md)")
-    budget = widgets.number(h[1], "Positions per step", 2, 48, key=state.kept("step.heal_budget", 16),
-                            disabled=policy != "budget")
-    healing = policy + (f" {int(budget)} per step" if policy == "budget" and budget else "")
+    policy, budget = widgets.heal_controls(h[0], h[1], "step", 16, 48)
+    healing = widgets.heal_label(policy, budget)
     now = {"prompt": prompt, "skip set": describe(skip), "int8 layers": describe(int8),
            "healing": healing}
     go = c[1].button("Record this prompt", type="primary", key="step.go",

@@ -51,6 +51,27 @@ def number(where, label: str, low, high, key: str, **kw):
     return value
 
 
+def heal_controls(policy_col, budget_col, prefix: str, budget_default: int, budget_max: int,
+                  disabled: bool = False) -> tuple[str, float | None]:
+    """Healing's policy and positions per step (keys `<prefix>.heal`, `<prefix>.heal_budget`)."""
+    from pop_vllm.healing import POLICIES
+
+    policy = policy_col.radio("Healing (after the first token)", POLICIES, horizontal=True,
+                              key=state.kept(f"{prefix}.heal", "none"), disabled=disabled,
+                              help="POP then re-runs the layers from the first skipped one up "
+                                   "over the prompt between decode steps, so its cache becomes "
+                                   "the full model's (docs/healing.md)")
+    budget = number(budget_col, "Positions per step", 2, budget_max,
+                    key=state.kept(f"{prefix}.heal_budget", budget_default),
+                    disabled=disabled or policy != "budget")
+    return policy, budget
+
+
+def heal_label(policy: str, budget) -> str:
+    """'none', 'eager' or 'budget 16 per step': healing as a result's settings name it."""
+    return policy + (f" {int(budget)} per step" if policy == "budget" and budget is not None else "")
+
+
 def refused() -> bool:
     """Whether a number on this page was refused in this run."""
     return bool(st.session_state.get(REFUSED))

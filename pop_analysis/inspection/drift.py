@@ -13,8 +13,6 @@ Cosine similarity is taken per token, then summarised per layer (mean, min, quan
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -357,7 +355,7 @@ def cached_drift(lm: LoadedModel, prompt_ids, setting: RunSetting,
     """drift() through the results store; the bool says whether it was a cache hit.
     notice(line) hears about an ignored entry or a cache that cannot be written."""
     ids = [int(t) for t in prompt_ids]
-    params = {**_model_params(lm), "prompt_sha": _sha(json.dumps(ids)), "prompt_tokens": len(ids),
+    params = {**_model_params(lm), "prompt_sha": store.content_sha(ids), "prompt_tokens": len(ids),
               "skip": list(setting.skip), "config": asdict(cfg), **_variant_params(lm, setting)}
     expect = {"model": lm.name, "prompt_tokens": len(ids), "skip_layers": params["skip"]}
     payload, hit = store.cached(
@@ -380,9 +378,6 @@ def list_drifts() -> list[dict]:
 def load_drift(key: str) -> DriftResult | None:
     return store.load_record(KIND, key, DriftResult)
 
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 __all__ = ["DriftConfig", "DriftResult", "DriftError", "drift", "cached_drift", "average", "cosine",

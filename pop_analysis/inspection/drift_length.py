@@ -2,7 +2,6 @@
 from a text source (the package's builtin prompts, a .txt file, or a JSONL data set)."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +17,6 @@ from pop_analysis.inspection.drift import (
     _mean,
     _model_params,
     _nums,
-    _sha,
     _variant_params,
 )
 from pop_analysis.progress import Cancelled, Tracker
@@ -145,7 +143,7 @@ def cached_drift_by_length(lm: LoadedModel, lengths: list[int], setting: RunSett
     texts, name = read_texts(text_source)  # read once: for the key and for the run
     params = {**_model_params(lm), "lengths": [int(n) for n in lengths],
               "skip": list(setting.skip), "config": asdict(cfg), **_variant_params(lm, setting),
-              "text_sha": _sha(json.dumps(texts))}
+              "text_sha": store.content_sha(texts)}
 
     def compute() -> dict:
         return {"rows": _by_length(lm, lengths, setting, cfg, texts, name, progress)}

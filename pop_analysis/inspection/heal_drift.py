@@ -4,8 +4,6 @@ averaged over the positions both caches hold). It starts at plain POP's drift an
 layer by layer, as the healed prefix grows (docs/healing.md)."""
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 import torch
@@ -66,7 +64,7 @@ def cached_healing_drift(lm: LoadedModel, prompt_ids, setting: RunSetting, n_new
     """healing_drift() through the results store; the bool says whether it was a cache hit."""
     ids = [int(t) for t in prompt_ids]
     params = {"model": lm.name, "dtype": str(lm.dtype), "layers": lm.adapter.n_layers,
-              "prompt_sha": hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
+              "prompt_sha": store.content_sha(ids),
               "prompt_tokens": len(ids), "skip": list(setting.skip),
               "heal": setting.heal.as_dict(), "new_tokens": n_new}
     expect = {"model": lm.name, "prompt_tokens": len(ids), "skip_layers": params["skip"]}

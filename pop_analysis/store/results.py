@@ -45,6 +45,11 @@ def results_dir(kind: str) -> Path:
     return cache_dir() / "results" / kind
 
 
+def content_sha(value) -> str:
+    """sha256 of a JSON-able input (token ids, texts): a key's stand-in for a long input."""
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()
+
+
 def make_key(params: dict) -> str:
     """Stable hash of JSON-able parameters and the package version."""
     blob = json.dumps({"params": plain(params), "version": __version__}, sort_keys=True)
