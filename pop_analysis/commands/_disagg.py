@@ -25,14 +25,30 @@ def add_arguments(p) -> None:
     g.add_argument("--block-size", type=Num(int, 32, 1 << 16), default=disagg.BLOCK_SIZE,
                    help=f"KV cache block size of both instances (multiple of 32, default "
                         f"{disagg.BLOCK_SIZE})")
+    g.add_argument("--prefill-int8", metavar="LAYERS",
+                   help="the prefill instance runs these layers' Linears in int8 (its own int8 "
+                        "copy of the model, written once under cache/models/int8/), the decode "
+                        "instance the fp32 model: 'kept' (every layer it does not skip) or a "
+                        "list like 0-19")
     g.add_argument("--kv-dir", help="the connector's storage root (default cache/kv_transfer; "
                                     "/dev/shm keeps it in memory)")
+
+
+def int8_layers(text: str | None):
+    """--prefill-int8: () without it, "kept", or a layer list (checked against the model later)."""
+    if text is None:
+        return ()
+    if text.strip() == disagg.KEPT:
+        return disagg.KEPT
+    from pop_analysis.engine.skipset import parse_layers
+
+    return parse_layers(text)
 
 
 def run(args, spec) -> int:
     """Start the topology, print it and the exact commands, serve until Ctrl-C or a death."""
     topo = disagg.plan(spec, args.decode, args.prefill_cpus, args.decode_cpus, args.block_size,
-                       args.kv_dir, proxy_port=args.port)
+                       args.kv_dir, proxy_port=args.port, prefill_int8=int8_layers(args.prefill_int8))
     running = disagg.Disaggregated(topo)
     try:
         running.start(progress=stderr_progress("starting prefill, decode and proxy"),

@@ -29,6 +29,9 @@ def run(args) -> int:
     spec = replace(spec_from_args(args, port=args.port), prefix_caching=args.prefix_caching)
     if args.disaggregated:
         return _disagg.run(args, spec)
+    if args.prefill_int8 is not None:
+        raise ValueError("--prefill-int8 needs --disaggregated: the prefill instance runs the int8 "
+                         "copy, the decode instance the fp32 model")
     engine = Engine(spec)
     what = ("full model" if not spec.pop else
             f"{spec.setting.variant}, skip {describe(spec.setting.skip)}")

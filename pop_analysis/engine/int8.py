@@ -100,9 +100,7 @@ class Int8Linear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
-        w = linear.weight.detach().float()  # (out, in)
-        scale = w.abs().amax(dim=1).clamp_min(TINY) / 127  # (out,)
-        q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)  # (out, in)
+        q, scale = quantize_weight(linear.weight)  # (out, in) int8, (out,)
         self.register_buffer("weight_t", q.t().contiguous())  # (in, out), int8
         self.register_buffer("scale", scale)  # (out,)
         bias = linear.bias
@@ -120,6 +118,14 @@ class Int8Linear(torch.nn.Module):
 
 
 TINY = 1e-12  # smallest scale: an all-zero row or channel stays zero
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight (out, in), fp32 scale (out,)): symmetric, one scale per output channel. The
+    serving checkpoint (serving/int8_checkpoint.py) stores exactly these."""
+    w = weight.detach().float()  # (out, in)
+    scale = w.abs().amax(dim=1).clamp_min(TINY) / 127  # (out,)
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
 def nbytes(layer: torch.nn.Module) -> int:

@@ -7,7 +7,9 @@ instance (POP, or the full model), a decode instance and the proxy joining them.
 The prefill instance computes x_1..x_{N-1} of each prompt (POP's pruned path) and x_N, and its
 KV connector (pop_vllm's PopKVConnector) writes every layer's K/V of positions 0..N-2 into a
 folder per model and POP setting; the decode instance loads them, computes x_N and the generated
-tokens, and answers. Each instance is pinned to its own cores. The producer empties its own
+tokens, and answers. With `prefill_int8` the prefill instance serves the model's int8 copy
+(serving/int8_checkpoint.py: those layers' Linears in int8) and the decode instance the fp32 model:
+POP Lab's prefill-only int8, at cluster shape (the weights enter the K/V's settings key). Each instance is pinned to its own cores. The producer empties its own
 subfolder when it starts, so stale K/V is never loaded. Across hosts the folder is a shared
 file system; on GPUs the connector would be NIXL (docs/serving.md).
 """
@@ -30,6 +32,7 @@ from pop_vllm.run_setting import RunSetting
 
 DECODE_SIDES = ("pop", "full")  # the decode instance: the prefill's POP settings, or stock vLLM
 BLOCK_SIZE = 32  # CPU attention's smallest block: a hand-off moves whole blocks of the cache
+KEPT = "kept"  # prefill_int8: every layer the prefill instance does not skip
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,15 @@ class Topology:
     decode: EngineSpec  # the consumer
     proxy: EngineSpec  # the router's port and name (it loads no model)
     folder: str  # the connector's storage folder for this model and prefill setting
+    prefill_int8: tuple[int, ...] = ()  # layers the prefill instance runs in int8 (its own copy)
 
     def describe(self) -> list[str]:
         """One line per pool, for the CLI and the Serve page."""
         def pool(s: EngineSpec) -> str:
             what = ("full model" if not s.pop else
                     f"{s.setting.variant}, skip {describe(s.setting.skip)}")
+            if s is self.prefill and self.prefill_int8:
+                what += f", int8 layers {describe(self.prefill_int8)}"
             return f"{what}, cores {','.join(map(str, s.cpus)) or 'any'}"
         return [f"prefill pool: 1 instance ({pool(self.prefill)}), K/V producer",
                 f"decode pool: 1 instance ({pool(self.decode)}), K/V consumer",
@@ -65,8 +71,10 @@ def split_cores(n: int | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]
 
 def plan(base: EngineSpec, decode: str = "pop", prefill_cpus=None, decode_cpus=None,
          block_size: int = BLOCK_SIZE, kv_root: str | Path | None = None,
-         proxy_port: int = 0) -> Topology:
-    """The topology for `base` (its model, skip set and variant go to the prefill instance)."""
+         proxy_port: int = 0, prefill_int8=()) -> Topology:
+    """The topology for `base` (its model, skip set and variant go to the prefill instance);
+    `prefill_int8`: layers whose Linears the prefill instance runs in int8 (its int8 copy is
+    written once under the cache's models/ folder)."""
     if decode not in DECODE_SIDES:
         raise ServingError(f"the decode side is pop (the prefill's settings) or full (stock vLLM), "
                            f"not {decode!r}")
@@ -83,22 +91,57 @@ def plan(base: EngineSpec, decode: str = "pop", prefill_cpus=None, decode_cpus=N
         raise ServingError(f"prefill cores {list(prefill_cpus)} and decode cores "
                            f"{list(decode_cpus)} overlap: give each instance its own")
     prefill = base.setting
+    int8_dir, weights = None, None
+    if prefill_int8:
+        int8_dir, prefill_int8 = int8_copy(base, prefill_int8)
+        weights = kv_keys.weights_tag(int8_dir)
     folder = kv_keys.storage_dir(Path(kv_root or cache_dir() / "kv_transfer").resolve(), base.name,
-                                 prefill)
+                                 prefill, weights)
 
     def instance(spec: EngineSpec, role: str, engine_id: str, cpus) -> EngineSpec:
-        cfg = json.dumps(kv_keys.transfer_config(role, folder, engine_id, prefill),
+        cfg = json.dumps(kv_keys.transfer_config(role, folder, engine_id, prefill, weights),
                          separators=(",", ":"))
         return replace(spec, cpus=tuple(cpus), switchable=False, threads=len(cpus),
                        extra_args=("--block-size", str(block_size), "--kv-transfer-config", cfg))
 
     stock = replace(base, setting=RunSetting.full())
     return Topology(
-        prefill=instance(replace(base, port=0), "kv_producer", "prefill-0", prefill_cpus),
+        prefill=instance(replace(base, port=0, model_dir=str(int8_dir or base.model_dir)),
+                         "kv_producer", "prefill-0", prefill_cpus),
         decode=instance(replace(base if decode == "pop" else stock, port=0), "kv_consumer",
                         "decode-0", decode_cpus),
         proxy=replace(stock, port=proxy_port, cpus=()),
-        folder=str(folder))
+        folder=str(folder), prefill_int8=tuple(prefill_int8))
+
+
+def int8_copy(base: EngineSpec, layers) -> tuple[Path, tuple[int, ...]]:
+    """The int8 copy of base's model for these layers ("kept": every layer the prefill does not
+    skip), written once (checked first: layers in range, none of them skipped)."""
+    import hashlib
+
+    from pop_analysis.serving.int8_checkpoint import write
+    from pop_vllm.precision import Precision
+
+    config = json.loads((Path(base.model_dir) / "config.json").read_text(encoding="utf-8"))
+    n = int(config.get("num_hidden_layers") or 0)
+    if layers == KEPT:
+        layers = [i for i in range(n) if i not in base.setting.skip]
+    try:
+        setting = replace(base.setting, precision=Precision(tuple(layers))).check(n)
+    except ValueError as e:
+        raise ServingError(str(e)) from None
+    layers = setting.precision.int8
+    tag = hashlib.sha256(f"{Path(base.model_dir).resolve()}|{list(layers)}".encode()).hexdigest()[:12]
+    dst = cache_dir() / "models" / "int8" / f"{Path(base.model_dir).name}-w8a8-{tag}"
+    if not (dst / "config.json").is_file():  # renamed when whole: a folder with it is complete
+        tmp = dst.with_name(dst.name + ".partial")
+        try:
+            write(base.model_dir, tmp, layers)
+            tmp.rename(dst)
+        except OSError as e:
+            raise ServingError(f"cannot write the int8 copy under {dst.parent}: "
+                               f"{e.strerror or e}") from None
+    return dst, layers
 
 
 class Disaggregated:

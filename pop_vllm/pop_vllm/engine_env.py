@@ -22,6 +22,7 @@ CONTROL_METHODS = (SWITCH, STATS, RESET_STATS, FORWARD_SECONDS, KV_STATS)
 # vLLM environment names read outside engine_env() (the driver, the server's command line).
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # each rank's cores
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"  # "0": the engine core in this process
+PLUGINS_ENV = "VLLM_PLUGINS"  # the plugins vLLM loads (a name no plugin has: none, stock vLLM)
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"  # vLLM's unguarded development routes: never passed on
 
 # The run-time control route (pop_vllm.guards): the secret comes to the engine in its environment

@@ -25,15 +25,31 @@ ENGINE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _KEY = re.compile(r"[0-9a-f]{16}")  # settings_key's digest
 
 
-def settings_key(pop: RunSetting) -> str | None:
+def settings_key(pop: RunSetting, weights: str | None = None) -> str | None:
     """A short digest of settings that change prompt K/V (None: the stock model, whose K/V needs
-    no salt). A repair's maps enter by content, so a refitted file with the same path differs."""
-    if not pop.active:
+    no salt). A repair's maps enter by content, so a refitted file with the same path differs;
+    `weights` (weights_tag) names a quantised copy of the model the K/V were computed with."""
+    if not pop.active and weights is None:
         return None
     body = {"skip": list(pop.skip), "variant": str(pop.variant)}
     if pop.repair:
         body["repair"] = _file_digest(pop.repair)
+    if weights is not None:
+        body["weights"] = weights
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def weights_tag(model_dir: str | Path | None) -> str | None:
+    """A short digest of a checkpoint's quantization config (its config.json), None for weights
+    in the model's own precision: an int8 prefill instance's K/V are not an fp32 one's."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return None  # not a local folder (a hub name): its weights are the model's own
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    if not quant:
+        return None
+    return hashlib.sha256(json.dumps(quant, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _file_digest(path: str) -> str:
@@ -56,31 +72,34 @@ def block_path(start: int, end: int, prompt_len: int, variant: str):
     return ("boundary", first_full - start) if start <= first_full else "full"
 
 
-def storage_dir(root: str | Path, model_name: str, pop: RunSetting) -> Path:
+def storage_dir(root: str | Path, model_name: str, pop: RunSetting,
+                weights: str | None = None) -> Path:
     """The connector's folder for one model and prefill setting (each producer instance writes
     into a subfolder of it named after its engine id, cleared when that engine starts)."""
     name = _NAME.sub("-", model_name).strip("-") or "model"
-    return Path(root) / f"{name}-{settings_key(pop) or STOCK_KEY}"
+    return Path(root) / f"{name}-{settings_key(pop, weights) or STOCK_KEY}"
 
 
 def transfer_config(role: str, folder: str | Path, engine_id: str,
-                    producer: RunSetting = RunSetting.full()) -> dict:
+                    producer: RunSetting = RunSetting.full(), weights: str | None = None) -> dict:
     """vLLM's --kv-transfer-config for the POP connector; role: kv_producer (the prefill
     instance), kv_consumer (the decode instance) or kv_both; producer: the settings the prefill
     instance computes prompt K/V under (a consumer hashes and checks the K/V it loads with
-    them: they are part of the engine's own configuration, never taken from a request)."""
+    them: they are part of the engine's own configuration, never taken from a request);
+    weights: the producer's weights_tag (an int8 prefill instance)."""
     if role not in ("kv_producer", "kv_consumer", "kv_both"):
         raise ValueError(f"unknown KV role {role!r}: kv_producer, kv_consumer or kv_both")
     if not ENGINE_ID.fullmatch(engine_id):
         raise ValueError(f"engine id {engine_id!r} must be letters, digits, '.', '_' or '-'")
     return {"kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
             "kv_role": role, "engine_id": engine_id,
-            "kv_connector_extra_config": {"pop_kv_dir": str(folder), **producer_config(producer)}}
+            "kv_connector_extra_config": {"pop_kv_dir": str(folder),
+                                          **producer_config(producer, weights)}}
 
 
-def producer_config(pop: RunSetting) -> dict:
+def producer_config(pop: RunSetting, weights: str | None = None) -> dict:
     """The extra-config entries naming what a producer's K/V were computed under."""
-    key = settings_key(pop)
+    key = settings_key(pop, weights)
     return {"pop_kv_settings": key or STOCK_KEY, "pop_kv_variant": str(pop.variant) if key else
             "full"}
 

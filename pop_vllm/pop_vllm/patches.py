@@ -45,6 +45,10 @@ PATCHES: tuple[Patch, ...] = (
           "a run-time switch drains the requests in flight before the workers change settings"),
     Patch("vllm.v1.engine.core:EngineCoreProc", "_process_engine_step", "switch:wrap_engine_step",
           "apply a waiting switch once the last request of the old settings has finished"),
+    Patch("vllm.model_executor.kernels.linear.scaled_mm.cpu", "check_cpu_sgl_kernel",
+          "int8_kernel:wrap_sgl_check",
+          "an fp32 model's int8 (W8A8) linears take the oneDNN kernel: the AMX one refuses fp32 "
+          "activations (an int8 prefill instance, docs/serving.md)"),
 ) + tuple(
     Patch("vllm.v1.worker.worker_base:WorkerBase", name, f"control:{name}",
           "run-time control through LLM.collective_rpc by name (no pickled callables)",

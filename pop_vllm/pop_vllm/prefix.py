@@ -37,7 +37,7 @@ from .run_setting import RunSetting
 _UNSET = object()
 _current: tuple[str, str] | None = None  # (settings key, variant) new requests get; None: stock
 _consumer = _UNSET  # on a KV consumer: the key of the K/V it loads (None: stock's)
-_engine: dict = {"pop": False, "hf": None, "layers": 0}  # this engine core's model
+_engine: dict = {"pop": False, "hf": None, "layers": 0, "weights": None}  # this engine core's model
 
 
 def current() -> tuple[str, str] | None:
@@ -55,7 +55,7 @@ def use_key(key: tuple[str, str] | None) -> None:
 
 
 def key_of(pop: RunSetting) -> tuple[str, str] | None:
-    key = kv_keys.settings_key(pop)
+    key = kv_keys.settings_key(pop, _engine["weights"])
     return None if key is None else (key, str(pop.variant))
 
 
@@ -66,7 +66,8 @@ def configure(vllm_config) -> None:
     model = vllm_config.model_config
     hf = model.hf_config
     pop = bool(set(model.architectures or ()) & set(pop_settings.ARCHITECTURES.values()))
-    _engine.update(pop=pop, hf=hf, layers=hf.num_hidden_layers)
+    _engine.update(pop=pop, hf=hf, layers=hf.num_hidden_layers,
+                   weights=kv_keys.weights_tag(getattr(model, "model", None)))  # an int8 copy's K/V: its own key
     use(pop_settings.engine_setting(getattr(hf, "pop", None), hf.num_hidden_layers) if pop
         else RunSetting.full())
     t = vllm_config.kv_transfer_config

@@ -203,3 +203,32 @@ def test_a_pin_after_a_switch_redoes_hashes_taken_before_it():
     assert hashed == [[("pop", kv_keys.settings_key(RunSetting((20, 21), "pop")))]]
     assert r.block_hashes == [None]  # rehashed: stock, as the workers will run it
     prefix.use(RunSetting.full())
+
+
+def test_an_int8_prefill_pool_serves_the_models_int8_copy_under_its_own_key(tmp_path, monkeypatch):
+    """--prefill-int8: the prefill instance's model is the int8 copy (written once), the decode
+    instance's the fp32 model; both instances key the K/V with the copy's weights tag."""
+    from tiny import saved
+
+    monkeypatch.setattr("pop_analysis.serving.venv.has_plugin", lambda: True)
+    monkeypatch.setenv("POP_LAB_CACHE", str(tmp_path / "cache"))
+    model = saved(tmp_path)  # 6 layers
+    base = EngineSpec(model_dir=str(model), name="m", setting=RunSetting((2, 3)))
+    topo = disagg.plan(base, "pop", (0,), (1,), 32, tmp_path, prefill_int8=disagg.KEPT)
+    assert topo.prefill_int8 == (0, 1, 4, 5) and topo.decode.model_dir == str(model)
+    int8 = topo.prefill.model_dir
+    assert int8 != str(model) and kv_keys.weights_tag(int8) is not None
+    again = disagg.plan(base, "pop", (0,), (1,), 32, tmp_path, prefill_int8=(5, 4, 1, 0))
+    assert again.prefill.model_dir == int8, "written once, found again"
+    plain = disagg.plan(base, "pop", (0,), (1,), 32, tmp_path)
+    assert plain.folder != topo.folder
+    for spec in (topo.prefill, topo.decode):
+        cmd = command(spec, "python", 8000)
+        extra = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+        assert kv_keys.producer_key(extra) == (
+            kv_keys.settings_key(RunSetting((2, 3)), kv_keys.weights_tag(int8)), "pop")
+    assert "int8 layers 0-1, 4-5" in topo.describe()[0]
+    for layers, words in (((2,), "int8"), ((9,), "out of range")):
+        with pytest.raises(ServingError, match=words) as e:
+            disagg.plan(base, "pop", (0,), (1,), 32, tmp_path, prefill_int8=layers)
+        assert "\n" not in str(e.value)
