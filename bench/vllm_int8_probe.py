@@ -109,6 +109,8 @@ def main() -> None:
     args = p.parse_args()
     if args.stage == "serve":
         return serve(args)
+    for name in ("path", "ids", "kernel"):  # the serve stage's own: not this run's parameters
+        delattr(args, name)
     import torch
 
     from bench_results import RawFile

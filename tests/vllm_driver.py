@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from pop_analysis.serving import venv
 
@@ -78,3 +79,14 @@ def wait_until(cond, timeout: float, what: str) -> None:
         assert time.time() < end, what
         time.sleep(0.2)
 
+
+def token_major(blocks: torch.Tensor, n: int):
+    """CPU_ATTN's paged blocks (B, Hkv, block, 2 Dh) -> K, V (Hkv, n, Dh): per block and head the
+    keys are stored transposed (Dh, block) for the dot products, then the values (block, Dh)."""
+    b, h, bs, two_d = blocks.shape
+    d = two_d // 2
+    raw = blocks.reshape(b, h, 2, bs * d)  # (B, Hkv, K|V, block * Dh)
+    k = raw[:, :, 0].reshape(b, h, d, bs).transpose(2, 3)  # (B, Hkv, block, Dh)
+    v = raw[:, :, 1].reshape(b, h, bs, d)  # (B, Hkv, block, Dh)
+    join = lambda x: x.transpose(0, 1).reshape(h, b * bs, d)[:, :n]  # noqa: E731  (Hkv, n, Dh)
+    return join(k), join(v)

@@ -31,7 +31,7 @@ from pop_vllm.precision import Precision
 from pop_vllm.run_setting import RunSetting
 
 from tiny_saved import SHAPE, tiny
-from vllm_driver import Driver, check_venv, ok
+from vllm_driver import Driver, check_venv, ok, token_major
 
 BLOCK = 32
 LENGTHS = (20, 33, 90)
@@ -82,23 +82,11 @@ def pool(request, tmp_path_factory):
                            skip=tuple(skip), int8=tuple(int8_layers), n=n)
 
 
-def _token_major(blocks: torch.Tensor, n: int):
-    """CPU_ATTN's paged blocks (B, Hkv, block, 2 Dh) -> K, V (1, Hkv, n, Dh) (the layout the KV
-    connector test spells out)."""
-    b, h, bs, two_d = blocks.shape
-    d = two_d // 2
-    raw = blocks.reshape(b, h, 2, bs * d)
-    k = raw[:, :, 0].reshape(b, h, d, bs).transpose(2, 3)
-    v = raw[:, :, 1].reshape(b, h, bs, d)
-    join = lambda x: x.transpose(0, 1).reshape(h, b * bs, d)[:, :n][None]  # noqa: E731
-    return join(k), join(v)
-
-
 def _handed(kv, params, n) -> list:
     """Per layer, the (K, V) of positions 0..n-1 in a hand-off file."""
     with safe_open(str(kv / f"{params['pop_kv_file']}.rank0.safetensors"), "pt") as f:
         names = sorted(f.keys(), key=lambda s: int(s.split(".")[2]))
-        return [_token_major(f.get_tensor(name), n) for name in names]
+        return [tuple(x[None] for x in token_major(f.get_tensor(name), n)) for name in names]
 
 
 def _fp32_decode(lm, prompt, layers) -> list[int]:

@@ -26,7 +26,7 @@ from pop_vllm.run_setting import RunSetting
 from pop_vllm import kv_keys
 
 from tiny_saved import SHAPE, tiny
-from vllm_driver import Driver, check_venv, ok
+from vllm_driver import Driver, check_venv, ok, token_major
 
 SKIP = [2, 3]  # layers below and above the block: both kinds of kept layer
 BLOCK = 32
@@ -104,18 +104,6 @@ def _pop_lab_kv(lm, prompt, variant, skip) -> list:
     return out
 
 
-def _token_major(blocks: torch.Tensor, n: int):
-    """CPU_ATTN's paged blocks (B, Hkv, block, 2 Dh) -> K, V (Hkv, n, Dh): per block and head the
-    keys are stored transposed (Dh, block) for the dot products, then the values (block, Dh)."""
-    b, h, bs, two_d = blocks.shape
-    d = two_d // 2
-    raw = blocks.reshape(b, h, 2, bs * d)  # (B, Hkv, K|V, block * Dh)
-    k = raw[:, :, 0].reshape(b, h, d, bs).transpose(2, 3)  # (B, Hkv, block, Dh)
-    v = raw[:, :, 1].reshape(b, h, bs, d)  # (B, Hkv, block, Dh)
-    join = lambda x: x.transpose(0, 1).reshape(h, b * bs, d)[:, :n]  # noqa: E731  (Hkv, n, Dh)
-    return join(k), join(v)
-
-
 def test_prefill_instance_hands_off_every_prompt_position_of_every_layer(handed):
     prompts, jobs, ref, kv, _ = handed
     runs = ok(jobs[0])["runs"]
@@ -131,7 +119,7 @@ def test_prefill_instance_hands_off_every_prompt_position_of_every_layer(handed)
             names = sorted(f.keys(), key=lambda s: int(s.split(".")[2]))
             assert len(names) == SHAPE["num_hidden_layers"]
             for i, name in enumerate(names):
-                k, v = _token_major(f.get_tensor(name), len(prompt) - 1)
+                k, v = token_major(f.get_tensor(name), len(prompt) - 1)
                 for got, want, other in ((k, pop[i][0], full[i][0]), (v, pop[i][1], full[i][1])):
                     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), \
                         (name, len(prompt), (got - want).abs().max().item())

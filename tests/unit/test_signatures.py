@@ -29,6 +29,9 @@ ALLOWED = {
         "a results-store entry: the text source, then cache use, progress and notices",
     "pop_analysis.speed.quiet:wait_quiet":
         "the probe, clock and sleep are injected so tests run the waiting loop without waiting",
+    "pop_analysis.serving.disagg:plan":
+        "each is a flag of serve --disaggregated: decode side, each instance's cores, block size, "
+        "KV folder, proxy port and the prefill's int8 layers",
     "pop_analysis.experiments.item_losses:compute_table":
         "a resumable script's job: model, items, sets, file, its labels, chunk size and log",
 }
