@@ -37,19 +37,21 @@ def stop() -> None:
         t.stop()
 
 
-def start(model: str, setting: RunSetting, decode: str) -> None:
-    """Stop the single engines (memory: three engines at once), then start the topology."""
+def start(model: str, setting: RunSetting, decode: str, int8: bool = False) -> None:
+    """Stop the single engines (memory: three engines at once), then start the topology; `int8`:
+    the prefill pool serves the model's int8 copy of every layer it does not skip."""
     serve_engines.stop()
     stop()
     spec = spec_for(model, setting)  # a bad skip set fails here, not in the job
-    topology = disagg.plan(spec, decode)
+    topology = disagg.plan(spec, decode, prefill_int8=disagg.KEPT if int8 else ())
 
     def run(monitor):
         return disagg.Disaggregated(topology).start(progress=serve_engines.steps(monitor)), False
 
     jobs.start("serve_topology", "Starting prefill, decode and proxy", run,
                serve_engines.started(TOPOLOGY, "topology", "Prefill, decode and proxy"),
-               context={"model": model, "variant": str(setting.variant), "decode": decode})
+               context={"model": model, "variant": str(setting.variant), "decode": decode,
+                        "prefill int8": int8})
 
 
 def generate(t: disagg.Disaggregated, prompt: str, max_tokens: int) -> None:
@@ -94,11 +96,16 @@ def section(model: str, setting: RunSetting) -> None:
         decode = c[0].radio("Decode pool serves", disagg.DECODE_SIDES, horizontal=True,
                             key=state.kept("serve.decode", "pop", disagg.DECODE_SIDES),
                             format_func=DECODE_LABELS.get)
+        int8 = c[0].toggle("Prefill pool in int8 (its kept layers; decode stays fp32)",
+                           key=state.kept("serve.prefill_int8", False),
+                           help="the prefill instance serves an int8 copy of the model (POP Lab's "
+                                "int8 weights, written once), the decode instance the fp32 "
+                                "model (docs/serving.md, An int8 prefill pool)")
         label = "Start topology" if t is None else "Restart topology"
         if c[1].button(label, key="serve.topo_start", disabled=jobs.running("serve_topology")):
             try:
                 start(model, setting if setting.active else setting.replace(variant="pop"),
-                      decode)
+                      decode, int8)
             except (disagg.ServingError, ValueError) as e:
                 st.error(f"The topology did not start: {e}")
         c[2].button("Stop topology", key="serve.topo_stop", on_click=stop, disabled=t is None)
