@@ -37,7 +37,7 @@ with box:
     prompt = c[0].text_input("Prompt (2-48 tokens, no chat template; POP gains visibly from ~30)",
                              key=state.kept("step.prompt", STEP))
     h = st.columns([3, 2, 3], vertical_alignment="bottom")
-    policy, budget = widgets.heal_controls(h[0], h[1], "step", 16, 48)
+    policy, budget = widgets.heal_controls(h[0], h[1], "step", stp.HEAL_BUDGET, stp.MAX_TOKENS)
     healing = widgets.heal_label(policy, budget)
     now = {"prompt": prompt, "skip set": describe(skip), "int8 layers": describe(int8),
            "healing": healing}

@@ -55,9 +55,6 @@ SWEEP = {"dataset": "gsm8k", "samples": 64, "new_tokens": 16, "repeats": 3}
 # the recorded steps (the Drift page's default budget, 16, heals a few hundred positions too
 # slowly for 12 steps to show the end).
 HEAL_DRIFT = {"budget_positions": 64, "chunk": 16, "new_tokens": 12}
-# The step-through page's own healing default: the 37-token prompt heals in three passes, one
-# before each decode step, so the last step decodes from the full model's cache.
-HEAL_STEP = {"budget_positions": 16}
 STEP_PROMPT = STEP
 
 
@@ -262,9 +259,17 @@ def _heal_stepthrough(lm) -> None:
     from pop_analysis.inspection import stepthrough as stp
     from pop_vllm.healing import make
 
-    cfg = stp.StepConfig(heal=make("budget", budget_positions=HEAL_STEP["budget_positions"]))
+    # the page's own default: the 37-token prompt heals in three passes, one before each decode
+    # step, so the last step decodes from the full model's cache
+    cfg = stp.StepConfig(heal=make("budget", budget_positions=stp.HEAL_BUDGET))
     ids = stp.encode_short(lm, STEP_PROMPT)
     stp.cached_stepthrough(lm, ids, _skip(lm), cfg, STEP_PROMPT, use_cache=False)
+
+
+def _step_heal_budget() -> int:
+    from pop_analysis.inspection.stepthrough import HEAL_BUDGET  # imports torch: only when asked
+
+    return HEAL_BUDGET
 
 
 def _heal_drift(lm) -> None:
@@ -293,6 +298,6 @@ MAKERS = {  # part -> (its data, in words; the maker)
                               f"in chunks of {HEAL_DRIFT['chunk']}, {HEAL_DRIFT['new_tokens']} "
                               "greedy tokens", _heal_drift),
     "heal_stepthrough": (lambda lm: f"'{STEP_PROMPT}', the paper's last third skipped, POP "
-                                    f"healed {HEAL_STEP['budget_positions']} positions per step",
+                                    f"healed {_step_heal_budget()} positions per step",
                          _heal_stepthrough),
 }

@@ -379,6 +379,5 @@ def load_drift(key: str) -> DriftResult | None:
     return store.load_record(KIND, key, DriftResult)
 
 
-
 __all__ = ["DriftConfig", "DriftResult", "DriftError", "drift", "cached_drift", "average", "cosine",
            "kl_full_pop", "list_drifts", "load_drift"]

@@ -44,6 +44,7 @@ from pop_vllm.run_setting import RunSetting
 
 KIND = "stepthrough"
 MIN_TOKENS, MAX_TOKENS = 2, 48  # one grid column per token: 48 still read at a projector's width
+HEAL_BUDGET = 16  # healing's default positions per step: the example prompt heals in 3 passes
 CLOCK = "median round"  # what the clock's bars are (part of the cache key: older records drew
 # per-step medians)
 RUNS = ("full", "pop")

@@ -9,12 +9,13 @@ KV connector (pop_vllm's PopKVConnector) writes every layer's K/V of positions 0
 folder per model and POP setting; the decode instance loads them, computes x_N and the generated
 tokens, and answers. With `prefill_int8` the prefill instance serves the model's int8 copy
 (serving/int8_checkpoint.py: those layers' Linears in int8) and the decode instance the fp32 model:
-POP Lab's prefill-only int8, at cluster shape (the weights enter the K/V's settings key). Each instance is pinned to its own cores. The producer empties its own
-subfolder when it starts, so stale K/V is never loaded. Across hosts the folder is a shared
+POP Lab's prefill-only int8, at cluster shape (the weights enter the K/V's settings key). Each
+instance is pinned to its own cores. The producer empties its own subfolder when it starts, so stale K/V is never loaded. Across hosts the folder is a shared
 file system; on GPUs the connector would be NIXL (docs/serving.md).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -28,6 +29,7 @@ from pop_analysis.serving.server import Engine, EngineSpec
 from pop_analysis.serving.venv import ServingError
 from pop_analysis.store.paths import cache_dir
 from pop_vllm import kv_keys
+from pop_vllm.precision import Precision
 from pop_vllm.run_setting import RunSetting
 
 DECODE_SIDES = ("pop", "full")  # the decode instance: the prefill's POP settings, or stock vLLM
@@ -117,10 +119,7 @@ def plan(base: EngineSpec, decode: str = "pop", prefill_cpus=None, decode_cpus=N
 def int8_copy(base: EngineSpec, layers) -> tuple[Path, tuple[int, ...]]:
     """The int8 copy of base's model for these layers ("kept": every layer the prefill does not
     skip), written once (checked first: layers in range, none of them skipped)."""
-    import hashlib
-
-    from pop_analysis.serving.int8_checkpoint import write
-    from pop_vllm.precision import Precision
+    from pop_analysis.serving.int8_checkpoint import write  # imports torch: only when asked
 
     config = json.loads((Path(base.model_dir) / "config.json").read_text(encoding="utf-8"))
     n = int(config.get("num_hidden_layers") or 0)

@@ -128,7 +128,8 @@ def write_example(model: str, kind: str, entry: dict, label: dict, root: Path | 
     checksum file is rewritten."""
     missing = [f for f in LABEL_FIELDS if not isinstance(label.get(f), str)]
     if missing or entry.get("kind") != store_kind(kind):
-        raise ValueError(f"an example needs a {store_kind(kind)} entry and a label with {', '.join(missing)}")
+        raise ValueError(f"an example needs a {store_kind(kind)} entry and a label with "
+                         f"{', '.join(missing)}")
     path = example_path(model, kind, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**entry, "example": dict(label)}, separators=(",", ":")),

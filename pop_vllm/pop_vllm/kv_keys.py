@@ -36,7 +36,12 @@ def settings_key(pop: RunSetting, weights: str | None = None) -> str | None:
         body["repair"] = _file_digest(pop.repair)
     if weights is not None:
         body["weights"] = weights
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    return _digest(body)
+
+
+def _digest(value) -> str:
+    """The 16 hex digits a key is (_KEY), of a JSON-able value."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def weights_tag(model_dir: str | Path | None) -> str | None:
@@ -47,9 +52,7 @@ def weights_tag(model_dir: str | Path | None) -> str | None:
     except (OSError, ValueError, TypeError):
         return None  # not a local folder (a hub name): its weights are the model's own
     quant = config.get("quantization_config") if isinstance(config, dict) else None
-    if not quant:
-        return None
-    return hashlib.sha256(json.dumps(quant, sort_keys=True).encode()).hexdigest()[:16]
+    return _digest(quant) if quant else None
 
 
 def _file_digest(path: str) -> str:

@@ -66,8 +66,9 @@ def configure(vllm_config) -> None:
     model = vllm_config.model_config
     hf = model.hf_config
     pop = bool(set(model.architectures or ()) & set(pop_settings.ARCHITECTURES.values()))
+    # an int8 copy's K/V get a key of their own (the weights' tag)
     _engine.update(pop=pop, hf=hf, layers=hf.num_hidden_layers,
-                   weights=kv_keys.weights_tag(getattr(model, "model", None)))  # an int8 copy's K/V: its own key
+                   weights=kv_keys.weights_tag(getattr(model, "model", None)))
     use(pop_settings.engine_setting(getattr(hf, "pop", None), hf.num_hidden_layers) if pop
         else RunSetting.full())
     t = vllm_config.kv_transfer_config
@@ -77,7 +78,8 @@ def configure(vllm_config) -> None:
 
 
 def engine() -> dict:
-    """{"pop": a Pop* architecture, "hf": its config, "layers": its layer count}."""
+    """{"pop": a Pop* architecture, "hf": its config, "layers": its layer count, "weights": the
+    weights' tag of a quantised copy, or None}."""
     return _engine
 
 
